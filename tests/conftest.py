@@ -1,0 +1,34 @@
+"""Shared test fixtures: the real-data folder, and test-only env registrations."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))  # so entry points like "toy_envs:GuessEnv" resolve in workers too
+
+import toy_envs  # noqa: E402,F401  (registers tests/Guess-v0)
+
+SHARED_DATA = TESTS.parent.parent / "shared" / "data"
+
+
+def shared_data_dir() -> Path | None:
+    """``$TURNGYM_DATA`` or ``../shared/data`` when present, else None."""
+    env = os.environ.get("TURNGYM_DATA")
+    for p in (Path(env) if env else None, SHARED_DATA):
+        if p is not None and p.is_dir():
+            return p
+    return None
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The real task-data folder; skips the test when it is absent."""
+    d = shared_data_dir()
+    if d is None:
+        pytest.skip("real task data not found: set TURNGYM_DATA or provide ../shared/data")
+    return d

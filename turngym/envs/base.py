@@ -1,0 +1,214 @@
+"""``TextEnv``: the Gymnasium contract every turngym environment follows.
+
+An episode is a conversation. ``reset`` returns the opening messages (system prompt, task);
+``step(utterance)`` runs the utterance's tool calls through the env's tools and returns the
+results as messages. An unparseable or invalid action is a normal step: the agent gets an error
+observation and ``info["action_valid"] = False``.
+
+A subclass supplies the task logic through a handful of hooks; the base class owns the
+parse / whitelist / validate / dispatch pipeline, timing and info bookkeeping, so every family
+behaves the same way at the edges.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+from turngym.envs.spaces import MessageSpace, UtteranceSpace
+from turngym.tools.base import Tool, ToolRegistry
+from turngym.tools.formats import ParsedAction, ToolFormat, get_format, run_tools
+from turngym.types import Message, ToolResult
+
+
+@dataclass
+class StepOutcome:
+    """What a subclass says about one step after its tools ran.
+
+    Args:
+        reward: The step's reward (dense or sparse, as the env is configured).
+        terminated: The task reached an end state (solved, failed, submitted).
+        messages: Extra messages appended after the tool results (e.g. "You won.").
+        action_valid: Override the default validity (all calls parsed and ran without error).
+        info: Extra JSON-serialisable info for this step (``won``, ``score``, ...).
+    """
+
+    reward: float = 0.0
+    terminated: bool = False
+    messages: list[Message] = field(default_factory=list)
+    action_valid: bool | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TextEnv(gym.Env):
+    """Base class for multi-turn text environments with tools.
+
+    A subclass must set or implement:
+        task_ids: list[str] -- the tasks of this env's split, in a fixed order.
+        _build_tools() -> list[Tool] -- the tools the agent may call (called once, in setup).
+        _reset_task(task_id) -> list[Message] -- start an episode; return the opening messages.
+        _step_outcome(parsed, results) -> StepOutcome -- reward / termination after tools ran.
+        state_key() -> str -- a canonical, hashable key of the current state (GiGPO anchors).
+
+    Optional hooks:
+        task_type(task_id) -> str -- a group name used in reports (default ``"default"``).
+        oracle_action() -> str | None -- the expert's next utterance (walkthrough, gold answer).
+        admissible_actions() -> list[str] | None -- valid utterances now, for random agents.
+        outcome() -> float -- the episode-level result so far (1.0 = solved; default 0.0).
+
+    Constructor args shared by every env:
+        tool_format: ``hermes`` | ``openai`` | ``xml`` | ``text`` (see ``turngym.tools.formats``).
+        scripted_hints: also put ``oracle_action`` / ``admissible_actions`` in ``info``; scripted
+            agents ask for this, LLM agents never see it.
+        invalid_action_penalty: added to the reward of a step whose action was invalid.
+
+    Reset is deterministic given ``seed`` and ``options["task_id"]``. Turn limits come from the
+    registry (``max_turns``), which wraps the env in Gymnasium's ``TimeLimit``.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    default_tool_format: ClassVar[str] = "hermes"
+    task_ids: list[str]
+
+    def __init__(
+        self,
+        *,
+        tool_format: str | None = None,
+        scripted_hints: bool = False,
+        invalid_action_penalty: float = 0.0,
+        render_mode: str | None = None,
+    ) -> None:
+        self.format: ToolFormat = get_format(tool_format or self.default_tool_format)
+        self.scripted_hints = scripted_hints
+        self.invalid_action_penalty = invalid_action_penalty
+        self.render_mode = render_mode
+        self.observation_space = MessageSpace()
+        self.action_space = UtteranceSpace()
+        self._tools: ToolRegistry | None = None
+        self._task_id: str | None = None
+        self._turn = 0
+        self._transcript: list[Message] = []
+
+    # ----- hooks for subclasses -------------------------------------------------------------
+    def _build_tools(self) -> list[Tool]:
+        raise NotImplementedError
+
+    def _reset_task(self, task_id: str) -> list[Message]:
+        raise NotImplementedError
+
+    def _step_outcome(self, parsed: ParsedAction, results: list[ToolResult]) -> StepOutcome:
+        raise NotImplementedError
+
+    def state_key(self) -> str:
+        raise NotImplementedError
+
+    def task_type(self, task_id: str) -> str:
+        return "default"
+
+    def oracle_action(self) -> str | None:
+        return None
+
+    def admissible_actions(self) -> list[str] | None:
+        return None
+
+    def outcome(self) -> float:
+        return 0.0
+
+    # ----- the contract ---------------------------------------------------------------------
+    @property
+    def tools(self) -> ToolRegistry:
+        """The env's tool registry, built on first use."""
+        if self._tools is None:
+            self._tools = ToolRegistry(self._build_tools())
+        return self._tools
+
+    @property
+    def task_id(self) -> str | None:
+        return self._task_id
+
+    @property
+    def turn(self) -> int:
+        return self._turn
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[Message], dict]:
+        """Start an episode.
+
+        Args:
+            seed: Seeds the env's RNG; with the same ``task_id`` the episode replays exactly.
+            options: ``{"task_id": ...}`` picks the task; otherwise one is drawn from ``task_ids``.
+
+        Returns:
+            The opening messages and an info dict (``task_id``, ``task_type``, ``state_key``, ...).
+
+        Raises:
+            KeyError: ``task_id`` is not a task of this env.
+        """
+        super().reset(seed=seed)
+        t0 = time.perf_counter()
+        task_id = (options or {}).get("task_id")
+        if task_id is None:
+            if not self.task_ids:
+                raise RuntimeError(f"{type(self).__name__} has no tasks in this split")
+            task_id = self.task_ids[int(self.np_random.integers(len(self.task_ids)))]
+        self._turn = 0
+        self._task_id = str(task_id)
+        obs = self._reset_task(self._task_id)
+        self._transcript = list(obs)
+        info = {
+            "task_id": self._task_id,
+            "task_type": self.task_type(self._task_id),
+            "action_valid": True,
+            "state_key": self.state_key(),
+            "tool_calls": [],
+            "elapsed_s": time.perf_counter() - t0,
+        }
+        self._add_hints(info)
+        return obs, info
+
+    def step(self, action: str | Message) -> tuple[list[Message], float, bool, bool, dict]:
+        """Run one utterance.
+
+        Args:
+            action: The agent's raw utterance (or an assistant ``Message`` for OpenAI tool calls).
+
+        Returns:
+            ``(messages, reward, terminated, truncated, info)``. ``info`` holds ``action_valid``,
+            ``state_key``, ``elapsed_s`` and ``tool_calls`` plus env-specific keys.
+        """
+        if self._task_id is None:
+            raise RuntimeError("call reset() before step()")
+        t0 = time.perf_counter()
+        self._turn += 1
+        parsed, results = run_tools(action, self.tools, self.format, id_prefix=f"t{self._turn}")
+        out = self._step_outcome(parsed, results)
+        valid = out.action_valid
+        if valid is None:
+            valid = bool(parsed.calls) and not any(r.is_error for r in results)
+        obs = [self.format.render_result(r) for r in results] + out.messages
+        reward = float(out.reward) + (0.0 if valid else self.invalid_action_penalty)
+        if self.render_mode == "ansi":
+            text = action.content if isinstance(action, Message) else action
+            self._transcript += [Message("assistant", str(text)), *obs]
+        info = {
+            "action_valid": valid,
+            "state_key": self.state_key(),
+            "tool_calls": [c.to_dict() for c in parsed.calls],
+            "outcome": self.outcome(),
+            **out.info,
+        }
+        self._add_hints(info)
+        info["elapsed_s"] = time.perf_counter() - t0
+        return obs, reward, bool(out.terminated), False, info
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n".join(f"[{m.role}] {m.content}" for m in self._transcript)
+
+    def _add_hints(self, info: dict) -> None:
+        if self.scripted_hints:
+            info["oracle_action"] = self.oracle_action()
+            info["admissible_actions"] = self.admissible_actions()

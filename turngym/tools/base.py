@@ -1,0 +1,277 @@
+"""A ``Tool`` is a name, a description, a JSON schema and a callable, with a timeout and an output cap.
+
+Tools are built from plain typed functions (the docstring and type hints give the schema) or
+declared explicitly. Calling one never raises into the env loop: ``ToolRegistry.dispatch`` turns
+every failure into a ``ToolResult(is_error=True)`` the agent can read and act on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import signal
+import threading
+import typing
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import jsonschema
+
+from turngym.types import ToolCall, ToolResult, ToolSpec
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+
+
+class ToolTimeout(Exception):
+    """Raised inside a tool call that ran past its timeout."""
+
+
+@dataclass
+class Tool:
+    """A callable the agent can invoke by name.
+
+    Args:
+        name: Identifier the agent uses (``[A-Za-z_][A-Za-z0-9_-]*``).
+        description: One or two sentences shown to the agent.
+        parameters: JSON Schema (type ``object``) for the keyword arguments.
+        fn: ``fn(**arguments) -> str``. Anything it raises becomes an error result.
+        timeout_s: Wall-clock limit per call; ``None`` disables it (trusted, in-process tools only).
+        max_output_chars: Output beyond this is cut, with a note saying how much was dropped.
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    fn: Callable[..., str]
+    timeout_s: float | None = 10.0
+    max_output_chars: int = 8000
+    _validator: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "a").replace("-", "a").isalnum():
+            raise ValueError(f"tool name must be alphanumeric/underscore/dash, got {self.name!r}")
+        if self.parameters.get("type") != "object":
+            raise ValueError(f"tool {self.name!r}: parameters schema must have type 'object'")
+        jsonschema.Draft202012Validator.check_schema(self.parameters)
+        self._validator = jsonschema.Draft202012Validator(self.parameters)
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+    def to_mcp(self) -> dict:
+        """This tool as a Model Context Protocol tool description (``tools/list`` entry)."""
+        return {"name": self.name, "description": self.description, "inputSchema": self.parameters}
+
+    def validation_error(self, arguments: dict) -> str | None:
+        """A readable message if ``arguments`` break the schema, else ``None``."""
+        errors = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
+        if not errors:
+            return None
+        e = errors[0]
+        where = "/".join(str(p) for p in e.path) or "(arguments)"
+        msg = e.message if len(e.message) < 300 else e.message[:300] + "..."
+        return f"invalid arguments for {self.name!r} at {where}: {msg}"
+
+    def __call__(self, **arguments: Any) -> str:
+        out = _call_with_timeout(self.fn, arguments, self.timeout_s)
+        if not isinstance(out, str):
+            out = str(out)
+        return truncate(out, self.max_output_chars)
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., str],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout_s: float | None = 10.0,
+        max_output_chars: int = 8000,
+    ) -> Tool:
+        """Build a tool from a typed function; the docstring's first paragraph describes it and
+        ``Args:`` lines describe the parameters."""
+        doc = inspect.getdoc(fn) or ""
+        summary = doc.split("\n\n")[0].replace("\n", " ").strip()
+        return cls(
+            name=name or fn.__name__,
+            description=description or summary or fn.__name__,
+            parameters=schema_from_signature(fn),
+            fn=fn,
+            timeout_s=timeout_s,
+            max_output_chars=max_output_chars,
+        )
+
+
+def tool(
+    fn: Callable[..., str] | None = None, **kwargs: Any
+) -> Tool | Callable[[Callable[..., str]], Tool]:
+    """Decorator form of ``Tool.from_function``: ``@tool`` or ``@tool(timeout_s=5)``."""
+    if fn is not None:
+        return Tool.from_function(fn, **kwargs)
+    return lambda f: Tool.from_function(f, **kwargs)
+
+
+def schema_from_signature(fn: Callable) -> dict:
+    """JSON Schema for ``fn``'s keyword parameters from its type hints and ``Args:`` docstring lines."""
+    hints = typing.get_type_hints(fn)
+    arg_docs = _docstring_args(inspect.getdoc(fn) or "")
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for pname, p in inspect.signature(fn).parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        prop = _json_type(hints.get(pname, str))
+        if pname in arg_docs:
+            prop["description"] = arg_docs[pname]
+        if p.default is inspect.Parameter.empty:
+            required.append(pname)
+        else:
+            prop["default"] = p.default
+        props[pname] = prop
+    return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+
+
+def _json_type(tp: Any) -> dict:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        non_none = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _json_type(non_none[0]) if len(non_none) == 1 else {}
+    if origin is typing.Literal:
+        return {"enum": list(typing.get_args(tp))}
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        return {"type": "array", "items": _json_type(args[0])} if args else {"type": "array"}
+    if origin is dict:
+        return {"type": "object"}
+    return {"type": _JSON_TYPES[tp]} if tp in _JSON_TYPES else {}
+
+
+def _docstring_args(doc: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    in_args = False
+    for line in doc.splitlines():
+        s = line.strip()
+        if s in ("Args:", "Arguments:", "Parameters:"):
+            in_args = True
+            continue
+        if in_args:
+            if not s or (s.endswith(":") and " " not in s):  # blank line or next section ends Args
+                in_args = False
+                continue
+            if ":" in s:
+                key, desc = s.split(":", 1)
+                key = key.split("(")[0].strip()
+                if key.isidentifier():
+                    out[key] = desc.strip()
+    return out
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut ``text`` to ``limit`` chars, saying how much was dropped (agents should know)."""
+    if len(text) <= limit:
+        return text
+    dropped = len(text) - limit
+    return text[:limit] + f"\n...[output truncated: {dropped} more characters]"
+
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _call_with_timeout(fn: Callable[..., str], args: dict, timeout_s: float | None) -> str:
+    """Run ``fn(**args)`` with a wall-clock limit.
+
+    On the main thread an interval timer (SIGALRM) interrupts Python code at near-zero cost, which
+    keeps in-process tools like a TextWorld step cheap. Elsewhere the call runs on a worker thread
+    and we stop waiting after the limit (the thread cannot be killed; code that can hang in C must
+    run in a subprocess worker, which the rollout layer restarts on timeout).
+    """
+    if timeout_s is None:
+        return fn(**args)
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+        return _call_with_alarm(fn, args, timeout_s)
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="turngym-tool")
+    future = _pool.submit(fn, **args)
+    try:
+        return future.result(timeout=timeout_s)
+    except FutureTimeout:
+        raise ToolTimeout(f"timed out after {timeout_s:g}s") from None
+
+
+def _call_with_alarm(fn: Callable[..., str], args: dict, timeout_s: float) -> str:
+    def on_alarm(signum, frame):
+        raise ToolTimeout(f"timed out after {timeout_s:g}s")
+
+    previous_handler = signal.signal(signal.SIGALRM, on_alarm)
+    previous_timer = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        return fn(**args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_timer[0] > 0:  # someone else's timer was running: give it back
+            signal.setitimer(signal.ITIMER_REAL, *previous_timer)
+
+
+class ToolRegistry:
+    """The tools one env offers, by name. Dispatch is the whitelist + validate + call pipeline."""
+
+    def __init__(self, tools: list[Tool] | None = None) -> None:
+        self._tools: dict[str, Tool] = {}
+        for t in tools or []:
+            self.add(t)
+
+    def add(self, t: Tool) -> Tool:
+        if t.name in self._tools:
+            raise ValueError(f"tool {t.name!r} is already registered")
+        self._tools[t.name] = t
+        return t
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._tools[name]
+
+    def __iter__(self):
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        return [t.spec for t in self._tools.values()]
+
+    def dispatch(self, call: ToolCall) -> ToolResult:
+        """Whitelist the name, validate the arguments, run the tool. Never raises."""
+        t = self._tools.get(call.name)
+        if t is None:
+            return ToolResult(
+                call.id,
+                f"Error: unknown tool {_short(call.name)!r}. Available tools: {', '.join(self.names)}.",
+                is_error=True,
+                name=call.name[:64],
+            )
+        if not isinstance(call.arguments, dict):
+            return ToolResult(call.id, f"Error: arguments for {t.name!r} must be a JSON object.", True, t.name)
+        problem = t.validation_error(call.arguments)
+        if problem:
+            return ToolResult(call.id, f"Error: {problem}. Schema: {_short(str(t.parameters), 400)}", True, t.name)
+        try:
+            return ToolResult(call.id, t(**call.arguments), False, t.name)
+        except ToolTimeout as e:
+            return ToolResult(call.id, f"Error: tool {t.name!r} {e}.", True, t.name)
+        except Exception as e:  # a tool's own failure is information for the agent, not a crash
+            return ToolResult(call.id, f"Error: tool {t.name!r} failed: {type(e).__name__}: {_short(str(e))}", True, t.name)
+
+
+def _short(s: str, n: int = 120) -> str:
+    return s if len(s) <= n else s[:n] + "..."
