@@ -224,6 +224,15 @@ class ToolRegistry:
         for t in tools or []:
             self.add(t)
 
+    @classmethod
+    def from_specs(cls, specs: list[ToolSpec]) -> ToolRegistry:
+        """A registry that can parse and validate calls but not run them (what a policy sees)."""
+
+        def not_here(**_: Any) -> str:
+            raise RuntimeError("this registry only describes tools; the env runs them")
+
+        return cls([Tool(s.name, s.description, s.parameters, not_here) for s in specs])
+
     def add(self, t: Tool) -> Tool:
         if t.name in self._tools:
             raise ValueError(f"tool {t.name!r} is already registered")
