@@ -11,10 +11,11 @@ from turngym.types import Message
 class GuessEnv(TextEnv):
     """Guess a secret number between 1 and 8 with a `guess` tool."""
 
-    def __init__(self, n_tasks: int = 4, crash_on: int | None = None, hang_on: int | None = None, **kw):
+    def __init__(self, n_tasks: int = 4, crash_on: int | None = None, hang_on: int | None = None,
+                 raise_on: int | None = None, **kw):
         super().__init__(**kw)
         self.task_ids = [str(i) for i in range(1, n_tasks + 1)]
-        self.crash_on, self.hang_on = crash_on, hang_on
+        self.crash_on, self.hang_on, self.raise_on = crash_on, hang_on, raise_on
 
     def _build_tools(self):
         def guess(number: int) -> str:
@@ -25,6 +26,8 @@ class GuessEnv(TextEnv):
             """
             if number == self.crash_on:
                 raise SystemExit(3)  # simulates a hard crash of the env process
+            if number == self.raise_on:  # a bug in the env itself, not in a tool: escapes the tool layer
+                self._explode = True
             if number == self.hang_on:
                 import time
                 time.sleep(3600)
@@ -40,6 +43,8 @@ class GuessEnv(TextEnv):
         return [Message("system", "Find the number."), Message("user", "Guess a number from 1 to 8.")]
 
     def _step_outcome(self, parsed, results):
+        if getattr(self, "_explode", False):
+            raise RuntimeError("env bug")
         won = self._last == self.secret
         return StepOutcome(reward=float(won), terminated=won, info={"won": won})
 

@@ -23,6 +23,8 @@ from turngym.tools.base import Tool, ToolRegistry
 from turngym.tools.formats import ParsedAction, ToolFormat, get_format, run_tools
 from turngym.types import Message, ToolResult
 
+_clock = time.perf_counter  # module-level so tests can freeze it (info["elapsed_s"] is wall time)
+
 
 @dataclass
 class StepOutcome:
@@ -147,12 +149,14 @@ class TextEnv(gym.Env):
             KeyError: ``task_id`` is not a task of this env.
         """
         super().reset(seed=seed)
-        t0 = time.perf_counter()
+        t0 = _clock()
         task_id = (options or {}).get("task_id")
         if task_id is None:
             if not self.task_ids:
                 raise RuntimeError(f"{type(self).__name__} has no tasks in this split")
             task_id = self.task_ids[int(self.np_random.integers(len(self.task_ids)))]
+        elif str(task_id) not in self.task_ids:
+            raise KeyError(f"task {task_id!r} is not in this env's split ({len(self.task_ids)} tasks)")
         self._turn = 0
         self._task_id = str(task_id)
         obs = self._reset_task(self._task_id)
@@ -163,7 +167,7 @@ class TextEnv(gym.Env):
             "action_valid": True,
             "state_key": self.state_key(),
             "tool_calls": [],
-            "elapsed_s": time.perf_counter() - t0,
+            "elapsed_s": _clock() - t0,
         }
         self._add_hints(info)
         return obs, info
@@ -180,7 +184,7 @@ class TextEnv(gym.Env):
         """
         if self._task_id is None:
             raise RuntimeError("call reset() before step()")
-        t0 = time.perf_counter()
+        t0 = _clock()
         self._turn += 1
         parsed, results = run_tools(action, self.tools, self.format, id_prefix=f"t{self._turn}")
         out = self._step_outcome(parsed, results)
@@ -200,7 +204,7 @@ class TextEnv(gym.Env):
             **out.info,
         }
         self._add_hints(info)
-        info["elapsed_s"] = time.perf_counter() - t0
+        info["elapsed_s"] = _clock() - t0
         return obs, reward, bool(out.terminated), False, info
 
     def render(self) -> str | None:

@@ -226,35 +226,33 @@ class XMLFormat:
     """``<tool>argument</tool>`` tags named after tools, as in Search-R1 and SQL agents.
 
     A tool with one main parameter takes the tag body as that parameter; a tool with several takes
-    a JSON object as the body. Tags that name no tool (``<think>``) are ordinary text.
+    a JSON object as the body. Other tags are ordinary text, searched through for tool tags;
+    ``<think>`` blocks are reasoning, and tool tags inside them do not run.
     """
 
     name = "xml"
-    _tag = re.compile(r"<([A-Za-z_][A-Za-z0-9_-]{0,63})>(.*?)</\1>", re.DOTALL)
+    _think = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
+    _any_tag = re.compile(r"<([A-Za-z_][A-Za-z0-9_-]{0,63})>")
 
     def parse(self, action: str | Message, tools: ToolRegistry, id_prefix: str = "call") -> ParsedAction:
         text = _as_text(action)
         if err := _too_long(text):
             return ParsedAction(errors=[err])
+        visible = self._think.sub("", text)  # reasoning is not action: calls inside <think> do not run
         out = ParsedAction()
-        kept: list[str] = []
-        last = 0
-        for m in self._tag.finditer(text):
-            if m.group(1) not in tools:
-                continue
-            kept.append(text[last : m.start()])
-            last = m.end()
-            if len(out.calls) >= MAX_CALLS_PER_ACTION:
-                continue
+        names = "|".join(re.escape(n) for n in tools.names)
+        matches = list(re.finditer(rf"<({names})>(.*?)</\1>", visible, re.DOTALL)) if names else []
+        for m in matches[:MAX_CALLS_PER_ACTION]:
             call, err = _single_value_call(tools, m.group(1), m.group(2), f"{id_prefix}_{len(out.calls)}")
             if err:
                 out.errors.append(f"Error: {err}.")
             else:
                 out.calls.append(call)
-        kept.append(text[last:])
-        out.content = "".join(kept).strip()
-        if not out.calls and not out.errors:
-            opened = sorted(set(re.findall(r"<([A-Za-z_][A-Za-z0-9_-]{0,63})>", text)) - {"think"})
+        if len(matches) > MAX_CALLS_PER_ACTION:
+            out.errors.append(f"Error: at most {MAX_CALLS_PER_ACTION} tool calls per turn; the rest were ignored.")
+        out.content = re.sub(rf"<({names})>(.*?)</\1>", "", visible, flags=re.DOTALL).strip() if names else visible
+        if not matches:
+            opened = sorted(set(self._any_tag.findall(visible)))
             seen = f" (found tags: {', '.join(opened[:5])})" if opened else ""
             tags = " ".join(f"<{n}>...</{n}>" for n in tools.names)
             out.errors.append(f"Error: no tool tag found{seen}. Use one of: {tags}")

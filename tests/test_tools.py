@@ -1,0 +1,141 @@
+import threading
+import time
+
+import pytest
+
+from turngym.tools import Tool, ToolRegistry, get_format, run_tools, tool
+from turngym.tools.formats import MAX_ACTION_CHARS
+from turngym.types import Message, ToolCall
+
+
+@tool
+def search(query: str, k: int = 3) -> str:
+    """Search the corpus.
+
+    Args:
+        query: what to look for
+        k: how many results
+    """
+    return f"{k} results for {query}"
+
+
+@tool(timeout_s=0.2)
+def sleepy(seconds: float) -> str:
+    """Sleep."""
+    time.sleep(seconds)
+    return "awake"
+
+
+def shout(text: str) -> str:
+    """Repeat loudly."""
+    return text.upper() * 1000
+
+
+REG = ToolRegistry([search, sleepy, Tool.from_function(shout, max_output_chars=50)])
+
+
+def test_schema_from_signature_and_mcp():
+    assert search.parameters == {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "what to look for"},
+            "k": {"type": "integer", "description": "how many results", "default": 3},
+        },
+        "required": ["query"],
+        "additionalProperties": False,
+    }
+    assert search.description == "Search the corpus."
+    assert search.to_mcp() == {"name": "search", "description": "Search the corpus.", "inputSchema": search.parameters}
+
+
+def test_dispatch_pipeline_errors_are_results():
+    ok = REG.dispatch(ToolCall("1", "search", {"query": "x"}))
+    assert not ok.is_error and ok.content == "3 results for x"
+    unknown = REG.dispatch(ToolCall("2", "rm", {}))
+    assert unknown.is_error and "Available tools: search, sleepy, shout" in unknown.content
+    bad = REG.dispatch(ToolCall("3", "search", {"query": 5}))
+    assert bad.is_error and "query" in bad.content and "string" in bad.content
+    extra = REG.dispatch(ToolCall("4", "search", {"query": "x", "evil": 1}))
+    assert extra.is_error and "evil" in extra.content
+
+
+def test_timeout_on_main_thread_and_in_threads():
+    r = REG.dispatch(ToolCall("1", "sleepy", {"seconds": 5}))
+    assert r.is_error and "timed out after 0.2s" in r.content
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("r", REG.dispatch(ToolCall("1", "sleepy", {"seconds": 5}))))
+    th.start()
+    th.join(timeout=3)
+    assert out["r"].is_error and "timed out" in out["r"].content
+    assert REG.dispatch(ToolCall("1", "sleepy", {"seconds": 0})).content == "awake"
+
+
+def test_output_cap_says_what_was_dropped():
+    r = REG.dispatch(ToolCall("1", "shout", {"text": "ab"}))
+    assert r.content.startswith("AB" * 25) and "1950 more characters" in r.content
+
+
+def test_raising_tool_becomes_error_result():
+    def broken() -> str:
+        """Breaks."""
+        raise ValueError("disk on fire")
+
+    r = ToolRegistry([Tool.from_function(broken)]).dispatch(ToolCall("1", "broken", {}))
+    assert r.is_error and "ValueError: disk on fire" in r.content
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "openai", "xml"])
+def test_render_then_parse_round_trips(fmt):
+    f = get_format(fmt)
+    call = ToolCall("call_0", "search", {"query": "who wrote <b>Dune</b>?", "k": 2})
+    if fmt == "xml":  # multi-parameter tools take a JSON body in xml
+        text = f.render_call(call)
+        assert text.startswith("<search>{")
+    parsed = f.parse(f.render_call(call), REG)
+    assert parsed.errors == [] and parsed.calls[0].name == "search"
+    assert parsed.calls[0].arguments == call.arguments
+
+
+def test_hermes_multiple_calls_and_unclosed_block():
+    f = get_format("hermes")
+    text = 'think first <tool_call>{"name": "search", "arguments": {"query": "a"}}</tool_call>' \
+           '<tool_call>{"name": "search", "arguments": "{\\"query\\": \\"b\\"}"}'
+    p = f.parse(text, REG, id_prefix="t3")
+    assert [c.arguments["query"] for c in p.calls] == ["a", "b"]
+    assert [c.id for c in p.calls] == ["t3_0", "t3_1"] and p.content == "think first"
+
+
+def test_openai_format_accepts_messages_and_json():
+    f = get_format("openai")
+    msg = Message("assistant", "", tool_calls=[ToolCall("abc", "search", {"query": "q"})])
+    assert f.parse(msg, REG).calls[0].id == "abc"
+    text = f.render_call(ToolCall("xyz", "search", {"query": "q"}))
+    assert f.parse(text, REG).calls[0] == ToolCall("xyz", "search", {"query": "q"})
+
+
+def test_xml_single_value_coercion_and_think_tags():
+    f = get_format("xml")
+    reg = ToolRegistry([Tool("count", "count", {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}, lambda n: str(n * 2))])
+    parsed, results = run_tools("<think>maybe <count>7</count></think> <count> 21 </count> <b><count>no</count></b>", reg, f)
+    assert [r.content for r in results if not r.is_error] == ["42"]  # the call inside <think> did not run
+    assert [r.is_error and "integer" in r.content for r in results] == [False, True]
+    none = f.parse("<think>only thoughts</think><foo>x</foo>", reg)
+    assert none.errors and "found tags: foo" in none.errors[0] and "<count>" in none.errors[0]
+
+
+def test_text_format_uses_the_first_tool():
+    f = get_format("text")
+    p = f.parse("  go north  \nand more", REG)
+    assert p.calls[0].name == "search" and p.calls[0].arguments == {"query": "go north"}
+    assert f.parse("   ", REG).errors
+
+
+def test_overlong_action_is_rejected_whole():
+    for fmt in ("hermes", "openai", "xml", "text"):
+        p = get_format(fmt).parse("x" * (MAX_ACTION_CHARS + 1), REG)
+        assert p.errors and "limit" in p.errors[0] and not p.calls
+
+
+def test_unknown_format_is_a_clear_error():
+    with pytest.raises(ValueError, match="hermes"):
+        get_format("yaml")

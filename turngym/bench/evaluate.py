@@ -1,0 +1,90 @@
+"""Evaluate one agent on one env: roll out N episodes, summarise, write JSON."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from turngym.agents.base import Policy, SamplingParams
+from turngym.bench.metrics import summarize
+from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.types import Trajectory
+
+
+@dataclass
+class EvalResult:
+    env_id: str
+    agent: str
+    summary: dict
+    trajectories: list[Trajectory]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "env_id": self.env_id,
+            "agent": self.agent,
+            "config": self.config,
+            "summary": self.summary,
+            "trajectories": [t.to_dict() for t in self.trajectories],
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict()))
+        tmp.replace(path)
+        return path
+
+
+def evaluate(
+    env_id: str,
+    policy: Policy,
+    *,
+    agent_name: str = "",
+    episodes: int = 20,
+    seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    sampling: SamplingParams | None = None,
+    num_envs: int = 8,
+    workers: bool = False,
+    max_turns: int | None = None,
+    progress: bool = True,
+) -> EvalResult:
+    """Play ``episodes`` episodes of ``env_id`` with ``policy``, cycling over the split's tasks.
+
+    Args:
+        env_kwargs: Constructor overrides (e.g. ``{"split": "test"}``); the policy's own
+            ``env_kwargs`` (scripted hints) are added on top.
+        max_turns: Override the env's registered turn limit.
+
+    Returns:
+        An ``EvalResult`` with the summary (success and its 95% CI, per task type) and trajectories.
+    """
+    kwargs = {**(env_kwargs or {}), **getattr(policy, "env_kwargs", {})}
+    if max_turns is not None:
+        kwargs["max_turns"] = max_turns
+    probe = gym.make(env_id, **{k: v for k, v in kwargs.items() if k != "max_turns"})
+    task_ids = list(probe.unwrapped.task_ids)
+    probe.close()
+    specs = episode_specs(task_ids, episodes, seed=seed)
+    t0 = time.perf_counter()
+    trajs = rollout(
+        policy,
+        make_env_factory(env_id, **kwargs),
+        specs,
+        sampling=sampling,
+        num_envs=num_envs,
+        workers=workers,
+        progress=progress,
+        metadata={"env_id": env_id, "agent": agent_name},
+    )
+    summary = summarize(trajs)
+    summary["wall_s"] = time.perf_counter() - t0
+    config = {"episodes": episodes, "seed": seed, "env_kwargs": env_kwargs or {}, "max_turns": max_turns}
+    return EvalResult(env_id, agent_name, summary, trajs, config)

@@ -1,0 +1,106 @@
+"""Metrics over trajectories, with confidence intervals.
+
+Success is a binomial proportion, so its interval is Wilson's (well-behaved at 0% and 100%,
+unlike the normal approximation). Means of unbounded quantities get a percentile bootstrap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from turngym.types import Trajectory
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion.
+
+    Args:
+        successes: Number of successes.
+        n: Number of trials.
+        z: Normal quantile (1.96 for 95%).
+
+    Returns:
+        ``(low, high)``; ``(0.0, 1.0)`` when ``n == 0``.
+    """
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def bootstrap_ci(values: Sequence[float], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval for the mean of ``values``."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
+    return float(np.quantile(means, alpha / 2)), float(np.quantile(means, 1 - alpha / 2))
+
+
+def summarize(trajectories: Sequence[Trajectory]) -> dict:
+    """Success (with 95% Wilson CI), mean outcome and return, turns, invalid-action rate, tokens.
+
+    Returns:
+        A JSON-serialisable dict; ``by_task_type`` holds the same numbers per task type.
+    """
+    out = _summary(trajectories)
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        groups[str(t.metadata.get("task_type", "default"))].append(t)
+    out["by_task_type"] = {k: _summary(v) for k, v in sorted(groups.items())}
+    return out
+
+
+def _summary(trajs: Sequence[Trajectory]) -> dict:
+    n = len(trajs)
+    wins = sum(t.success for t in trajs)
+    low, high = wilson_interval(wins, n)
+    turns = [len(t.turns) for t in trajs]
+    steps = sum(turns)
+    invalid = sum(1 for t in trajs for turn in t.turns if not turn.info.get("action_valid", False))
+    tool_calls = sum(len(turn.tool_calls) for t in trajs for turn in t.turns)
+    tokens = sum(len(turn.action_ids) for t in trajs for turn in t.turns)
+    return {
+        "episodes": n,
+        "success": wins / n if n else 0.0,
+        "success_ci95": [low, high],
+        "mean_outcome": float(np.mean([t.outcome for t in trajs])) if n else 0.0,
+        "mean_return": float(np.mean([t.total_reward for t in trajs])) if n else 0.0,
+        "mean_turns": float(np.mean(turns)) if n else 0.0,
+        "invalid_action_rate": invalid / steps if steps else 0.0,
+        "tool_calls": tool_calls,
+        "action_tokens": tokens,
+        "truncated": sum(t.truncated for t in trajs),
+        "errors": sum(1 for t in trajs if "error" in t.metadata),
+    }
+
+
+def format_summary(summary: dict, title: str = "") -> str:
+    """A compact human-readable table of a ``summarize`` result."""
+    lo, hi = summary["success_ci95"]
+    lines = [title] if title else []
+    lines.append(
+        f"success {summary['success']:.1%} (95% CI {lo:.1%}-{hi:.1%}) over {summary['episodes']} episodes | "
+        f"return {summary['mean_return']:.3f} | turns {summary['mean_turns']:.2f} | "
+        f"invalid actions {summary['invalid_action_rate']:.1%}"
+        + (f" | errors {summary['errors']}" if summary["errors"] else "")
+    )
+    by_type = summary.get("by_task_type") or {}
+    if len(by_type) > 1 or (by_type and "default" not in by_type):
+        width = max(len(k) for k in by_type)
+        lines.append(f"  {'task type'.ljust(width)}  episodes  success  95% CI         turns  invalid")
+        for k, s in by_type.items():
+            lo, hi = s["success_ci95"]
+            lines.append(
+                f"  {k.ljust(width)}  {s['episodes']:8d}  {s['success']:6.1%}  {lo:5.1%}-{hi:6.1%}  "
+                f"{s['mean_turns']:5.2f}  {s['invalid_action_rate']:6.1%}"
+            )
+    return "\n".join(lines)
