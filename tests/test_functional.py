@@ -1,0 +1,101 @@
+"""Every pure trainer function against numbers worked out by hand."""
+
+import math
+
+import torch
+from torch.testing import assert_close
+
+from turngym.trainers import functional as Fn
+
+t = torch.tensor
+
+
+def test_td_target_with_terminals():
+    # 1 + 0.9*2 = 2.8 ; terminal -> 0 ; 0.5 + 0.9*4 = 4.1
+    assert_close(Fn.td_target(t([1.0, 0.0, 0.5]), t([2.0, 3.0, 4.0]), t([0.0, 1.0, 0.0]), 0.9), t([2.8, 0.0, 4.1]))
+
+
+def test_double_q_min_and_advantage():
+    q = Fn.double_q_min(t([1.0, 5.0]), t([2.0, 3.0]))
+    assert_close(q, t([1.0, 3.0]))
+    assert_close(Fn.utterance_advantage(q, t([0.5, 4.0])), t([0.5, -1.0]))
+
+
+def test_polyak_update():
+    assert_close(Fn.polyak(t([0.0]), t([10.0]), 0.1), t([1.0]))
+    assert_close(Fn.polyak(t([1.0, 2.0]), t([3.0, 6.0]), 0.5), t([2.0, 4.0]))
+
+
+def test_utterance_advantage_broadcast_over_masked_tokens():
+    per_turn = t([0.5, -1.0, 2.0])
+    token_turn = t([[-1, 0, 0, -1], [1, -1, 2, 2]])
+    assert_close(Fn.broadcast_to_tokens(per_turn, token_turn), t([[0.0, 0.5, 0.5, 0.0], [-1.0, 0.0, 2.0, 2.0]]))
+
+
+def test_clipped_pg_loss_by_hand():
+    old = torch.zeros(1, 3)
+    new = torch.log(t([[1.5, 0.5, 1.0]]))
+    adv = t([[1.0, 1.0, -2.0]])
+    # token terms: min(1.5, 1.2)=1.2 ; min(0.5, 0.8)=0.5 ; -2 -> mean -0.1 -> loss 0.1
+    loss, clip_frac = Fn.clipped_pg_loss(new, old, adv, torch.ones(1, 3), clip_coef=0.2)
+    assert_close(loss, t(0.1))
+    assert_close(clip_frac, t(2 / 3))
+    masked, _ = Fn.clipped_pg_loss(new, old, adv, t([[1.0, 0.0, 0.0]]), clip_coef=0.2)
+    assert_close(masked, t(-1.2))
+    vanilla, _ = Fn.clipped_pg_loss(new, old, adv, torch.ones(1, 3), clip_coef=0.0)
+    assert_close(vanilla, t(-(1.5 + 0.5 - 2.0) / 3))
+
+
+def test_kl_k3_and_entropy():
+    # r = log .25 - log .5 = -log 2 ; exp(r) - r - 1 = 0.5 + 0.693147 - 1
+    assert_close(Fn.kl_k3(t([math.log(0.5)]), t([math.log(0.25)])), t([0.5 + math.log(2) - 1]))
+    assert_close(Fn.kl_k3(t([-1.0]), t([-1.0])), t([0.0]))
+    assert_close(Fn.entropy_from_logits(torch.zeros(2, 4)), t([math.log(4)] * 2))
+
+
+def test_token_logprobs_alignment():
+    logits = torch.zeros(1, 2, 2)
+    logits[0, 0, 1] = math.log(3)  # p(next=1 | first token) = 3/4
+    assert_close(Fn.token_logprobs(logits, t([[0, 1]])), t([[math.log(0.75)]]))
+
+
+def test_discounted_returns():
+    assert_close(Fn.discounted_returns(t([0.0, 0.0, 1.0]), 0.5), t([0.25, 0.5, 1.0]))
+
+
+def test_reinforce_rloo_grpo():
+    r = t([[1.0, 0.0, 0.0, 1.0]])
+    assert_close(Fn.reinforce_advantages(t([1.0, 3.0])), t([-1.0, 1.0]))
+    # leave-one-out means: 1/3, 2/3, 2/3, 1/3
+    assert_close(Fn.rloo_advantages(r), t([[2 / 3, -2 / 3, -2 / 3, 2 / 3]]))
+    # mean .5, population std .5
+    assert_close(Fn.grpo_advantages(r, eps=0.0), t([[1.0, -1.0, -1.0, 1.0]]))
+    assert_close(Fn.grpo_advantages(r, scale_by_std=False), t([[0.5, -0.5, -0.5, 0.5]]))
+    assert_close(Fn.grpo_advantages(t([[1.0, 1.0]])), t([[0.0, 0.0]]))  # all equal -> no signal
+
+
+def test_gigpo_step_groups():
+    # bucket (g,s): returns [1, 0] -> [1, -1]; (g,t) and (h,s) are singletons -> 0
+    a = Fn.gigpo_step_advantages(t([1.0, 0.0, 0.5, 2.0]), ["g", "g", "g", "h"], ["s", "s", "t", "s"], eps=0.0)
+    assert_close(a, t([1.0, -1.0, 0.0, 0.0]))
+
+
+def test_gigpo_combines_episode_and_step_levels():
+    # episode adv (GRPO over [1, 0]) = [1, -1]; steps (ep0,a,.81) (ep0,b,.9) (ep1,a,0)
+    # step adv: bucket a -> [1, -1], bucket b -> 0 ; A = A_E + 0.5 * A_S
+    a = Fn.gigpo_advantages(
+        t([[1.0, 0.0]]), t([0.81, 0.9, 0.0]), t([0, 0, 1]), ["g"] * 3, ["a", "b", "a"], step_weight=0.5
+    )
+    assert_close(a, t([1.5, 1.0, -1.5]), atol=1e-5, rtol=0)
+
+
+def test_hl_gauss_categorical_value():
+    support = t([0.0, 1.0])
+    assert_close(Fn.hl_gauss_target(t([0.0, 0.5]), support, sigma=0.01), t([[1.0, 0.0], [0.5, 0.5]]))
+    assert_close(Fn.categorical_expectation(torch.zeros(1, 2), support), t([0.5]))
+    assert_close(Fn.categorical_value_loss(torch.zeros(1, 2), t([0.5]), support, 0.01), t(math.log(2)))
+
+
+def test_masked_mean_handles_empty_masks():
+    assert_close(Fn.masked_mean(t([1.0, 2.0]), t([0.0, 0.0])), t(0.0))
+    assert_close(Fn.masked_mean(t([1.0, 3.0]), t([1.0, 1.0])), t(2.0))

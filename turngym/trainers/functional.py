@@ -1,0 +1,242 @@
+"""The trainers' math as pure functions of tensors.
+
+No ``.backward()``, no device moves, no logging: the trainers do those. Shapes use
+``B`` = sequences, ``T`` = tokens, ``N`` = utterances (turns), ``K`` = value-support atoms.
+Each function names the equation it implements; tests check them on numbers worked by hand.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Hashable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+# ----- critic (ArCHer high level) ------------------------------------------------------------
+
+
+def td_target(reward: torch.Tensor, next_value: torch.Tensor, done: torch.Tensor, gamma: float) -> torch.Tensor:
+    """One-step TD target ``y = r + gamma * (1 - done) * V_target(s')``.
+
+    Args:
+        reward, next_value, done: ``(N,)``; ``done`` is 1.0 where the episode ended at this turn.
+    """
+    return reward + gamma * (1.0 - done.float()) * next_value
+
+
+def double_q_min(q1: torch.Tensor, q2: torch.Tensor) -> torch.Tensor:
+    """Clipped double-Q: ``min(Q1, Q2)`` elementwise, against over-estimation (Fujimoto et al. 2018)."""
+    return torch.minimum(q1, q2)
+
+
+def polyak(target: torch.Tensor, online: torch.Tensor, tau: float) -> torch.Tensor:
+    """Soft target update ``theta_target <- tau * theta + (1 - tau) * theta_target``."""
+    return tau * online + (1.0 - tau) * target
+
+
+def utterance_advantage(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """ArCHer's utterance-level advantage ``A(s, a) = Q(s, a) - V(s)``, shape ``(N,)``."""
+    return q - v
+
+
+def broadcast_to_tokens(per_turn: torch.Tensor, token_turn: torch.Tensor) -> torch.Tensor:
+    """Give every token its turn's value: ``out[b, t] = per_turn[token_turn[b, t]]``, 0 where -1.
+
+    Args:
+        per_turn: ``(N,)`` one value per utterance (flat over the batch).
+        token_turn: ``(B, T)`` long; index into ``per_turn`` for policy tokens, -1 elsewhere.
+
+    Returns:
+        ``(B, T)``.
+    """
+    idx = token_turn.clamp(min=0)
+    return torch.where(token_turn >= 0, per_turn[idx], torch.zeros((), dtype=per_turn.dtype))
+
+
+def hl_gauss_target(value: torch.Tensor, support: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Histogram target for a categorical value head ("Stop Regressing", Farebrother et al. 2024).
+
+    The target distribution is a Gaussian N(value, sigma^2) integrated over the bins whose
+    centres are ``support`` (evenly spaced), renormalised to the support's range.
+
+    Args:
+        value: ``(N,)`` scalar targets.
+        support: ``(K,)`` bin centres, evenly spaced.
+
+    Returns:
+        ``(N, K)`` probabilities.
+    """
+    half = (support[1] - support[0]) / 2
+    edges = torch.cat([support - half, support[-1:] + half])  # (K+1,)
+    cdf = torch.special.ndtr((edges[None, :] - value[:, None]) / sigma)  # (N, K+1)
+    mass = cdf[:, 1:] - cdf[:, :-1]
+    return mass / mass.sum(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def categorical_value_loss(logits: torch.Tensor, target: torch.Tensor, support: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Cross-entropy between a value head's ``(N, K)`` logits and the HL-Gauss histogram of ``target``."""
+    probs = hl_gauss_target(target, support, sigma)
+    return -(probs * F.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
+
+
+def categorical_expectation(logits: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """Scalar value of a categorical head: ``sum_k softmax(logits)_k * support_k``, shape ``(N,)``."""
+    return (F.softmax(logits, dim=-1) * support).sum(dim=-1)
+
+
+# ----- actor (token level) -------------------------------------------------------------------
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over positions where ``mask`` is 1 (0 if there are none)."""
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def clipped_pg_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate, per token: ``-min(rho * A, clip(rho, 1-eps, 1+eps) * A)``.
+
+    ``rho = exp(logprobs - old_logprobs)`` uses the log-probs recorded at sampling time. With
+    ``clip_coef <= 0`` it is vanilla policy gradient ``-rho * A`` (= ``-logpi * A`` in gradient
+    at rho = 1).
+
+    Args:
+        logprobs: ``(B, T)`` under the current policy (requires grad).
+        old_logprobs, advantages, mask: ``(B, T)``; mask is 1 on policy tokens.
+
+    Returns:
+        ``(loss, clip_fraction)``: token-mean loss and the share of tokens where clipping bit.
+    """
+    ratio = torch.exp(logprobs - old_logprobs)
+    surrogate = ratio * advantages
+    if clip_coef <= 0:
+        return -masked_mean(surrogate, mask), torch.zeros(())
+    clipped = torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef) * advantages
+    loss = -masked_mean(torch.minimum(surrogate, clipped), mask)
+    clip_frac = masked_mean(((ratio - 1.0).abs() > clip_coef).float(), mask)
+    return loss, clip_frac.detach()
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(pi || ref) estimate ``exp(r) - r - 1`` with ``r = ref - logpi`` (Schulman's k3;
+    unbiased and always >= 0 on samples from pi)."""
+    r = ref_logprobs - logprobs
+    return torch.exp(r) - r - 1.0
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-position entropy ``-sum_v p_v log p_v`` of ``(..., V)`` logits, shape ``(...)``."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Log-prob of each next token: ``out[b, t] = log p(input_ids[b, t+1] | ids[b, :t+1])``,
+    aligned so ``out[:, t]`` scores token ``t + 1``; shape ``(B, T - 1)``."""
+    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+# ----- critic-free advantages ----------------------------------------------------------------
+
+
+def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``G_t = sum_{k >= t} gamma^(k - t) r_k`` for one episode, shape ``(T,)``."""
+    out = torch.empty_like(rewards)
+    running = torch.zeros((), dtype=rewards.dtype)
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def reinforce_advantages(returns: torch.Tensor) -> torch.Tensor:
+    """REINFORCE with a batch-mean baseline: ``A_i = R_i - mean(R)``, shape ``(N,)``."""
+    return returns - returns.mean()
+
+
+def rloo_advantages(returns: torch.Tensor) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024), per group: ``A_i = R_i - mean_{j != i} R_j``.
+
+    Args:
+        returns: ``(G, n)``: G groups of n episodes of the same task (n >= 2).
+    """
+    n = returns.shape[-1]
+    if n < 2:
+        raise ValueError("RLOO needs at least 2 episodes per group")
+    others = (returns.sum(dim=-1, keepdim=True) - returns) / (n - 1)
+    return returns - others
+
+
+def grpo_advantages(returns: torch.Tensor, eps: float = 1e-6, scale_by_std: bool = True) -> torch.Tensor:
+    """GRPO (Shao et al. 2024), per group: ``A_i = (R_i - mean(R)) / (std(R) + eps)``.
+
+    Args:
+        returns: ``(G, n)``. ``std`` is the population std (``unbiased=False``).
+        scale_by_std: ``False`` gives the mean-centred variant (Dr. GRPO).
+    """
+    centred = returns - returns.mean(dim=-1, keepdim=True)
+    if not scale_by_std:
+        return centred
+    return centred / (returns.std(dim=-1, unbiased=False, keepdim=True) + eps)
+
+
+def gigpo_step_advantages(
+    step_returns: torch.Tensor,
+    group_ids: Sequence[Hashable],
+    state_keys: Sequence[Hashable],
+    eps: float = 1e-6,
+    scale_by_std: bool = True,
+) -> torch.Tensor:
+    """GiGPO's step-level advantage (Feng et al. 2025): steps taken from the same anchor state
+    (same ``state_key``) within the same group form a step group; each step's discounted return
+    is normalised within its step group: ``A^S = (G_t - mean) / (std + eps)``. A step whose
+    anchor state was visited once gets 0 (no comparison is possible).
+
+    Args:
+        step_returns: ``(S,)`` discounted returns ``G_t`` of every step in the batch.
+        group_ids, state_keys: length ``S``; which episode group and which state each step is from.
+
+    Returns:
+        ``(S,)`` step-level advantages.
+    """
+    buckets: dict[tuple, list[int]] = defaultdict(list)
+    for i, key in enumerate(zip(group_ids, state_keys)):
+        buckets[key].append(i)
+    out = torch.zeros_like(step_returns)
+    for idx in buckets.values():
+        if len(idx) < 2:
+            continue
+        r = step_returns[idx]
+        centred = r - r.mean()
+        out[idx] = centred / (r.std(unbiased=False) + eps) if scale_by_std else centred
+    return out
+
+
+def gigpo_advantages(
+    episode_returns: torch.Tensor,
+    step_returns: torch.Tensor,
+    step_episode: torch.Tensor,
+    group_ids: Sequence[Hashable],
+    state_keys: Sequence[Hashable],
+    step_weight: float = 1.0,
+    scale_by_std: bool = True,
+) -> torch.Tensor:
+    """GiGPO's per-step advantage ``A = A^E(episode) + omega * A^S(step)``.
+
+    Args:
+        episode_returns: ``(G, n)`` episode returns per group (as for GRPO).
+        step_returns: ``(S,)`` discounted return of each step.
+        step_episode: ``(S,)`` long, flat index ``g * n + i`` of each step's episode.
+        group_ids, state_keys: per step, as in ``gigpo_step_advantages``.
+        step_weight: ``omega``.
+
+    Returns:
+        ``(S,)``.
+    """
+    a_episode = grpo_advantages(episode_returns, scale_by_std=scale_by_std).reshape(-1)[step_episode]
+    a_step = gigpo_step_advantages(step_returns, group_ids, state_keys, scale_by_std=scale_by_std)
+    return a_episode + step_weight * a_step
