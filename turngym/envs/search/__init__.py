@@ -1,0 +1,18 @@
+"""Search environments: multi-hop QA with search / open / answer tools, scored by EM or F1."""
+
+from turngym.envs.registry import register
+
+register(
+    "turngym/Search-synthetic-v0",
+    entry_point="turngym.envs.search.env:SearchEnv",
+    kwargs={"suite": "synthetic"},
+    max_turns=12,
+    description="Multi-hop QA over a generated encyclopedia of fictional entities (BM25 search)",
+)
+register(
+    "turngym/Search-hotpotqa-v0",
+    entry_point="turngym.envs.search.env:SearchEnv",
+    kwargs={"suite": "hotpotqa"},
+    max_turns=12,
+    description="HotpotQA distractor setting, paragraphs pooled into a BM25 corpus (needs the data)",
+)

@@ -1,0 +1,163 @@
+"""Documents and QA tasks for the search envs: a generated encyclopedia and a HotpotQA loader.
+
+The synthetic suite invents people, cities, countries, rivers and companies from a seed and
+writes one encyclopedia page per entity. Every question needs two pages (a *bridge* entity, then
+the page that holds the answer), and every answer is an invented name or year, so a model
+cannot answer from memory.
+
+HotpotQA (distractor setting): each question's 10 paragraphs (2 gold + 8 distractors) are pooled
+into one corpus over the whole file, so a search can surface any question's paragraphs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_SYL = ["ar", "bel", "cor", "dun", "el", "fal", "gor", "hal", "ith", "jor", "kel", "lun", "mor", "nex", "ol",
+        "pra", "quor", "ril", "sev", "tal", "um", "var", "wyn", "xal", "yor", "zen", "bra", "dra", "fen", "gla"]
+
+
+@dataclass(frozen=True)
+class Doc:
+    """One page: a stable id, a title and its text."""
+
+    doc_id: str
+    title: str
+    text: str
+
+
+@dataclass(frozen=True)
+class QATask:
+    """A question, its gold answer, and the titles of the pages that support it."""
+
+    task_id: str
+    question: str
+    answer: str
+    gold_titles: tuple[str, ...]
+    qtype: str
+
+
+@dataclass
+class QASuite:
+    """A corpus and the questions asked over it."""
+
+    name: str
+    docs: list[Doc]
+    tasks: list[QATask] = field(default_factory=list)
+
+    def digest(self) -> str:
+        """A hash of the corpus (keys the cached BM25 index)."""
+        h = hashlib.sha256()
+        for d in self.docs:
+            h.update(f"{d.doc_id}\x00{d.title}\x00{d.text}\x01".encode())
+        return h.hexdigest()[:16]
+
+
+def _unique_names(rng: random.Random, n: int, taken: set[str], suffix: str = "", parts: int = 1) -> list[str]:
+    out = []
+    while len(out) < n:
+        name = " ".join("".join(rng.choice(_SYL) for _ in range(rng.choice((2, 3)))).capitalize() for _ in range(parts)) + suffix
+        if name not in taken:
+            taken.add(name)
+            out.append(name)
+    return out
+
+
+def synthetic_suite(seed: int = 0, n_people: int = 40, n_companies: int = 24) -> QASuite:
+    """The generated encyclopedia and its two-hop questions (deterministic in ``seed``)."""
+    rng = random.Random(f"search-synthetic:{seed}")
+    taken: set[str] = set()
+    countries = _unique_names(rng, 8, taken, suffix="ia")
+    rivers = _unique_names(rng, 10, taken, suffix=" River")
+    cities = _unique_names(rng, 24, taken)
+    people = _unique_names(rng, n_people, taken, parts=2)
+    companies = _unique_names(rng, n_companies, taken, suffix=" Works")
+    city_country = {c: rng.choice(countries) for c in cities}
+    capitals = {k: rng.choice([c for c in cities if city_country[c] == k] or [rng.choice(cities)]) for k in countries}
+    for k, cap in capitals.items():
+        city_country[cap] = k  # a capital lies in its own country
+    city_river = {c: rng.choice(rivers) for c in cities}
+    birth = {p: (rng.choice(cities), rng.randint(1850, 1990), rng.choice(["painter", "engineer", "poet", "chemist", "architect", "composer"]))
+             for p in people}
+    founders = {co: rng.choice(people) for co in companies}
+    products = dict(zip(companies, rng.sample(["lanterns", "clocks", "bicycles", "telescopes", "looms", "pianos", "compasses",
+                                               "kettles", "typewriters", "barometers", "sextants", "gramophones", "lenses",
+                                               "anvils", "bells", "sails", "ropes", "inks", "maps", "dyes", "tiles", "glassware",
+                                               "saddles", "violins"], len(companies))))
+    docs = []
+    for p, (city, year, job) in birth.items():
+        made = [co for co, f in founders.items() if f == p]
+        extra = f" {p.split()[0]} later founded {', '.join(made)}." if made else ""
+        article = "an" if job[0] in "aeiou" else "a"
+        docs.append((p, f"{p} (born {year}) is {article} {job} from {city}. {p} was born in {city} in {year}.{extra}"))
+    for c in cities:
+        k = city_country[c]
+        role = f"the capital of {k}" if capitals[k] == c else f"a city in {k}"
+        docs.append((c, f"{c} is {role}. The {city_river[c]} flows through {c}."))
+    for k in countries:
+        docs.append((k, f"{k} is a country whose capital is {capitals[k]}. Its cities include {', '.join(c for c in cities if city_country[c] == k)}."))
+    for r in rivers:
+        docs.append((r, f"The {r} flows through {', '.join(c for c in cities if city_river[c] == r) or 'no large city'}."))
+    for co in companies:
+        docs.append((co, f"{co} is a maker of {products[co]}. It was founded by {founders[co]}."))
+    suite = QASuite("synthetic", [Doc(f"d{i:04d}", t, x) for i, (t, x) in enumerate(docs)])
+    _synthetic_questions(suite, rng, birth, founders, city_country, capitals, city_river)
+    return suite
+
+
+def _synthetic_questions(suite, rng, birth, founders, city_country, capitals, city_river) -> None:
+    qs = []
+    for co, p in founders.items():
+        qs.append(("founder-birthplace", f"In which city was the founder of {co} born?", birth[p][0], (co, p)))
+        qs.append(("founder-birthyear", f"In what year was the founder of {co} born?", str(birth[p][1]), (co, p)))
+    for p, (city, _, _) in list(birth.items())[::2]:
+        qs.append(("birthplace-river", f"Which river flows through the city where {p} was born?", city_river[city], (p, city)))
+        k = city_country[city]
+        if capitals[k] != city:
+            qs.append(("birthplace-capital", f"What is the capital of the country where {p} was born?", capitals[k], (p, city, k)))
+    for i, (qtype, q, a, gold) in enumerate(qs):
+        suite.tasks.append(QATask(f"{qtype}-{i:03d}", q, a, tuple(gold), qtype))
+
+
+def read_hotpot_records(path: Path) -> list[dict]:
+    """Records from a ``.jsonl`` file (one per line) or the official ``.json`` list."""
+    text = Path(path).read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    data = json.loads(text)
+    return data if isinstance(data, list) else [data]
+
+
+def find_hotpot_file(folder: Path) -> Path:
+    """The questions file in a HotpotQA folder: the 100-question sample, else the official dev file."""
+    for name in ("dev_distractor_100.jsonl", "hotpot_dev_distractor_v1.json"):
+        if (folder / name).exists():
+            return folder / name
+    raise FileNotFoundError(f"no HotpotQA distractor file in {folder}")
+
+
+def hotpot_suite(path: str | Path) -> QASuite:
+    """Load HotpotQA in the distractor setting, pooling every question's paragraphs into one corpus.
+
+    Args:
+        path: A ``.jsonl`` / ``.json`` file, or a folder holding one (see ``find_hotpot_file``).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = find_hotpot_file(path)
+    records = read_hotpot_records(path)
+    by_title: dict[str, Doc] = {}
+    suite = QASuite(f"hotpotqa:{path.name}", [])
+    for r in records:
+        for title, sentences in r["context"]:
+            if title not in by_title:
+                text = "".join(sentences).strip()
+                by_title[title] = Doc(f"hp{len(by_title):05d}", title, text)
+        gold = tuple(dict.fromkeys(sf[0] for sf in r["supporting_facts"]))
+        suite.tasks.append(QATask(str(r["_id"]), r["question"], str(r["answer"]), gold, str(r.get("type", "default"))))
+    suite.docs = list(by_title.values())
+    return suite
