@@ -1,0 +1,336 @@
+"""``HFPolicy``: any Hugging Face causal LM as a turngym policy, with exact tokens and KV reuse.
+
+The sampling loop is our own (one forward per token over the batch) rather than
+``model.generate``, so that three things are explicit and testable:
+
+- exact tokens: prompt ids come from ``ChatRenderer`` (incremental, see ``chat.py``); the action ids
+  are the sampled ones, never re-tokenized;
+- log-probs: ``Utterance.logprobs`` are the RAW model log-probs of the sampled tokens
+  (``log_softmax(logits)`` at temperature 1, no top-p), i.e. what ``score()`` and a trainer
+  recompute for PPO ratios. The log-probs under the distribution actually sampled from (after
+  temperature/top-p) are kept per turn in ``conv.state["turngym.chat"].sampling_logprobs``;
+- KV reuse across turns: each conversation keeps the keys/values of everything it has already
+  run through the model (``conv.state["turngym.hf_kv"]``); the next turn only prefills the new env
+  tokens (see ``kvcache.py``). ``reuse_cache=False`` re-prefills the whole prompt every turn
+  (the baseline ``benchmarks/rollout_tokens.py`` compares against).
+
+Caches are tied to the weights they were computed with: after changing the model's weights
+(a training step), call ``invalidate_caches()`` so the next turn re-prefills.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from turngym.agents.base import Conversation, SamplingParams
+from turngym.agents.chat import STATE_KEY, ChatRenderer
+from turngym.agents.kvcache import RowCache, common_prefix, split, stack, supports_reuse
+from turngym.agents.sampling import StopChecker, make_generators, row_seeds, sample_next
+from turngym.tools.base import ToolRegistry
+from turngym.tools.formats import get_format
+from turngym.types import Utterance
+
+KV_KEY = "turngym.hf_kv"
+
+
+@dataclass
+class Generation:
+    """What the sampling loop produced for one row."""
+
+    action_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sampling_logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "length"
+    ended_by_token: bool = False
+
+
+def resolve_template(tokenizer: Any, chat_template: str | None) -> str | None:
+    """The template to render with.
+
+    ``"auto"`` keeps the tokenizer's template when it can render tools; a ChatML-native tokenizer
+    (``<|im_start|>``/``<|im_end|>`` in its vocabulary) whose template cannot, or that has none, gets
+    the bundled tool-capable ChatML template. Other models keep theirs, and tools are shown as text
+    in the system message. ``"chatml_tools"`` forces the bundled template; any other string is a
+    Jinja template; ``None`` keeps the tokenizer's.
+    """
+    from turngym.agents.default_model import chatml_tools_template
+
+    if chat_template == "chatml_tools":
+        return chatml_tools_template()
+    if chat_template != "auto":
+        return chat_template
+    vocab = tokenizer.get_vocab()
+    chatml = "<|im_start|>" in vocab and "<|im_end|>" in vocab
+    own = getattr(tokenizer, "chat_template", None)
+    if own and (not chatml or ChatRenderer(tokenizer).supports_tools):
+        return None
+    if chatml:
+        return chatml_tools_template()
+    raise ValueError("the tokenizer has no chat template and is not ChatML; pass chat_template=<jinja string>")
+
+
+class HFPolicy:
+    """A Hugging Face causal LM answering conversations in batches.
+
+    Args:
+        model_or_path: A loaded ``PreTrainedModel``, or a local path / hub id for ``AutoModelForCausalLM``.
+        tokenizer: The tokenizer (loaded from ``model_or_path`` when it is a path).
+        device: Where to run (default: the model's device, or CUDA when available for a path).
+        dtype: For a path: default fp32 on CPU, bf16 on CUDA. Ignored for a loaded model.
+        chat_template: ``"auto"`` (see ``resolve_template``), ``"chatml_tools"``, a Jinja string, or None.
+        reuse_cache: Keep each conversation's KV cache across turns (off for models whose cache is
+            not plain full attention, see ``kvcache.supports_reuse``).
+        max_batch_size: Split larger ``act`` batches into chunks of this size (None: one batch).
+
+    Raises:
+        ValueError: the tokenizer has no usable chat template.
+    """
+
+    env_kwargs: dict[str, Any] = {}
+
+    def __init__(
+        self,
+        model_or_path: Any,
+        tokenizer: Any = None,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        chat_template: str | None = "auto",
+        reuse_cache: bool = True,
+        max_batch_size: int | None = None,
+    ) -> None:
+        self.model, self.tokenizer = _load(model_or_path, tokenizer, device, dtype)
+        self.model.eval()
+        self.device = next(self.model.parameters()).device
+        self.chat = ChatRenderer(self.tokenizer, resolve_template(self.tokenizer, chat_template))
+        self.reuse_cache = bool(reuse_cache) and supports_reuse(self.model.config)
+        self.max_batch_size = max_batch_size
+        cfg = self.model.config.get_text_config(decoder=True)
+        self.n_layers = cfg.num_hidden_layers
+        self.max_len = getattr(cfg, "max_position_embeddings", None) or 1 << 30
+        self.end_ids = set(self.chat.end_token_ids) | _eos_ids(self.model)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.end_ids, default=0)
+        self._keep_arg = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self.epoch = 0
+        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "sampled_tokens": 0}
+
+    def invalidate_caches(self) -> None:
+        """Forget every conversation's KV cache (call after the weights change)."""
+        self.epoch += 1
+
+    # ----- the Policy interface ----------------------------------------------------------
+    def act(self, conversations: list[Conversation], sampling: SamplingParams | None = None) -> list[Utterance]:
+        """One utterance per conversation, with exact prompt/action ids and raw log-probs.
+
+        Args:
+            conversations: Episodes to answer; their ``state`` carries token records and KV caches.
+            sampling: Temperature (0 = greedy), top-p, max_new_tokens, extra stop strings, seed.
+
+        Returns:
+            Utterances in order. A conversation already at the model's context limit gets an empty
+            utterance with ``finish_reason="length"``.
+        """
+        sampling = sampling or SamplingParams()
+        size = self.max_batch_size or max(1, len(conversations))
+        out: list[Utterance] = []
+        for i in range(0, len(conversations), size):
+            out += self._act_batch(conversations[i : i + size], sampling)
+        return out
+
+    def _act_batch(self, convs: list[Conversation], sampling: SamplingParams) -> list[Utterance]:
+        prompts = [self.chat.prompt_ids(c) for c in convs]
+        stops = [list(sampling.stop) + _format_stops(c) for c in convs]
+        turns = [len(self.chat.state(c).sampling_logprobs) for c in convs]
+        rows = [i for i, p in enumerate(prompts) if len(p) < self.max_len]
+        caches = [self._cache(convs[i], prompts[i]) for i in rows]
+        gens, new_caches = self.generate(
+            [prompts[i] for i in rows], sampling, [stops[i] for i in rows], caches, [turns[i] for i in rows]
+        )
+        results: dict[int, Generation] = dict(zip(rows, gens))
+        for i, cache in zip(rows, new_caches):
+            if cache is not None:
+                convs[i].state[KV_KEY] = (id(self), cache)
+        out = []
+        for i, conv in enumerate(convs):
+            g = results.get(i, Generation())
+            self.chat.record(conv, g.action_ids, g.sampling_logprobs)
+            text = self.tokenizer.decode(g.action_ids[:-1] if g.ended_by_token else g.action_ids, skip_special_tokens=False)
+            out.append(Utterance(
+                text=text, tool_calls=self.chat.parse_calls(conv, text), prompt_ids=list(prompts[i]),
+                action_ids=list(g.action_ids), logprobs=list(g.logprobs), finish_reason=g.finish_reason,
+            ))
+        return out
+
+    def _cache(self, conv: Conversation, prompt: list[int]) -> RowCache | None:
+        held = conv.state.get(KV_KEY)
+        if not self.reuse_cache or not held or held[0] != id(self) or held[1].epoch != self.epoch:
+            return None
+        return held[1]
+
+    # ----- sampling ----------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        stops: list[list[str]] | None = None,
+        caches: list[RowCache | None] | None = None,
+        turns: list[int] | None = None,
+    ) -> tuple[list[Generation], list[RowCache | None]]:
+        """Sample one action per prompt from token ids (the engine under ``act``).
+
+        Args:
+            prompts: Prompt ids per row.
+            sampling: Sampling parameters.
+            stop: Stop strings per row (kept in the ids and text).
+            caches: Per row, a cache whose ids may prefix the prompt (reused up to the common prefix).
+            turns: Per row, the turn index (mixed into the per-row seed).
+
+        Returns:
+            ``(generations, new_caches)``; the caches are ``None`` unless ``reuse_cache``.
+        """
+        if not prompts:
+            return [], []
+        b = len(prompts)
+        caches = caches or [None] * b
+        reuse = [min(common_prefix(c.ids, p), len(p) - 1) if c is not None else 0 for c, p in zip(caches, prompts)]
+        caps = [max(1, min(sampling.max_new_tokens, self.max_len - len(p))) for p in prompts]
+        cache, attn, logits = self._prefill(prompts, caches, reuse, max(caps))
+        gens, attn = self._decode(prompts, sampling, stops or [[]] * b, turns or [0] * b, caps, cache, attn, logits)
+        new: list[RowCache | None] = [None] * b
+        if self.reuse_cache:  # the last sampled token was never fed, so it is not in the cache
+            new = split(cache, attn, [p + g.action_ids[:-1] for p, g in zip(prompts, gens)], self.epoch)
+        return gens, new
+
+    def _prefill(self, prompts, caches, reuse, max_new):
+        b = len(prompts)
+        cache, cmask = stack(caches, reuse, self.n_layers, max(len(p) - r for p, r in zip(prompts, reuse)) + max_new + 1)
+        new = [p[r:] for p, r in zip(prompts, reuse)]
+        n = max(len(x) for x in new)
+        ids = torch.full((b, n), self.pad_id, dtype=torch.long)
+        imask = torch.zeros(b, n, dtype=torch.long)
+        pos = torch.zeros(b, n, dtype=torch.long)
+        for i, (x, r) in enumerate(zip(new, reuse)):
+            ids[i, n - len(x):] = torch.tensor(x)
+            imask[i, n - len(x):] = 1
+            pos[i, n - len(x):] = torch.arange(r, r + len(x))
+        attn = torch.cat([cmask, imask], 1).to(self.device)
+        logits = self._forward(ids.to(self.device), attn, pos.to(self.device), cache)
+        self.stats["prefill_tokens"] += sum(len(x) for x in new)
+        self.stats["reused_tokens"] += sum(reuse)
+        return cache, attn, logits
+
+    def _forward(self, ids, attn, pos, cache) -> torch.Tensor:
+        kw = {"logits_to_keep": 1} if self._keep_arg else {}
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True, **kw)
+        return out.logits[:, -1].float()
+
+    def _decode(self, prompts, sampling, stops, turns, caps, cache, attn, logits):
+        b = len(prompts)
+        gens = [Generation() for _ in range(b)]
+        checkers = [StopChecker(self.tokenizer, s) for s in stops]
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+        generators = make_generators(row_seeds(seed, prompts, turns), self.device) if sampling.temperature > 0 else None
+        live = [True] * b
+        pos = torch.tensor([len(p) for p in prompts], device=self.device)
+        for step in range(max(caps)):
+            tok, raw, samp = sample_next(logits, sampling.temperature, sampling.top_p, generators)
+            for i, (t, lr, ls) in enumerate(zip(tok.tolist(), raw.tolist(), samp.tolist())):
+                if live[i]:
+                    live[i] = self._push(gens[i], t, lr, ls, checkers[i], caps[i])
+            self.stats["decode_steps"] += 1
+            if not any(live) or step == max(caps) - 1:
+                break
+            alive = torch.tensor(live, device=self.device)
+            feed = torch.where(alive, tok, torch.full_like(tok, self.pad_id))
+            attn = torch.cat([attn, alive.long()[:, None]], 1)
+            logits = self._forward(feed[:, None], attn, pos[:, None], cache)
+            pos = pos + alive.long()
+        self.stats["sampled_tokens"] += sum(len(g.action_ids) for g in gens)
+        return gens, attn
+
+    def _push(self, g: Generation, tok: int, raw: float, samp: float, stop: StopChecker, cap: int) -> bool:
+        """Record one sampled token; False when the row is done."""
+        g.action_ids.append(tok)
+        g.logprobs.append(raw)
+        g.sampling_logprobs.append(samp)
+        if tok in self.end_ids:
+            g.finish_reason, g.ended_by_token = "stop", True
+            return False
+        if stop.hit(g.action_ids):
+            g.finish_reason = "stop"
+            return False
+        if len(g.action_ids) >= cap:
+            g.finish_reason = "length"
+            return False
+        return True
+
+    # ----- scoring -----------------------------------------------------------------------
+    @torch.no_grad()
+    def score_batch(self, prompts: Sequence[Sequence[int]], actions: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Raw (temperature-1) log-probs of each action's tokens given its prompt, by one full forward.
+
+        Args:
+            prompts: Prompt ids per row (non-empty).
+            actions: Action ids per row.
+
+        Returns:
+            Per row, one log-prob per action token (same definition as ``Utterance.logprobs``).
+        """
+        seqs = [list(p) + list(a) for p, a in zip(prompts, actions)]
+        t = max(len(s) for s in seqs)
+        keep = max(len(a) for a in actions) + 1
+        ids = torch.full((len(seqs), t), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        pos = torch.zeros_like(ids)
+        for i, s in enumerate(seqs):  # left padding: every action ends at the right edge
+            ids[i, t - len(s):] = torch.tensor(s)
+            attn[i, t - len(s):] = 1
+            pos[i, t - len(s):] = torch.arange(len(s))
+        kw = {"logits_to_keep": keep} if self._keep_arg else {}
+        out = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device), position_ids=pos.to(self.device), **kw)
+        logp = out.logits[:, -keep:].float().log_softmax(-1)
+        result = []
+        for i, a in enumerate(actions):
+            if not a:
+                result.append([])
+                continue
+            rows = logp[i, keep - 1 - len(a) : keep - 1]
+            result.append(rows.gather(-1, torch.tensor(list(a), device=rows.device)[:, None])[:, 0].tolist())
+        return result
+
+    def score(self, prompt_ids: Sequence[int], action_ids: Sequence[int]) -> list[float]:
+        """Raw log-probs of ``action_ids`` after ``prompt_ids`` (see ``score_batch``)."""
+        return self.score_batch([prompt_ids], [action_ids])[0]
+
+
+def _format_stops(conv: Conversation) -> list[str]:
+    if not conv.tools:
+        return []
+    return get_format(conv.tool_format).stop_strings(ToolRegistry.from_specs(list(conv.tools)))
+
+
+def _eos_ids(model) -> set[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def _load(model_or_path, tokenizer, device, dtype):
+    if not isinstance(model_or_path, (str, bytes)) and not hasattr(model_or_path, "__fspath__"):
+        if tokenizer is None:
+            raise ValueError("pass tokenizer=... together with a loaded model")
+        model = model_or_path.to(device) if device is not None else model_or_path
+        return model, tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(model_or_path)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    return model, tokenizer or AutoTokenizer.from_pretrained(path)

@@ -1,0 +1,112 @@
+"""Token sampling pieces shared by the LLM backends: pure functions of tensors, plus stop strings.
+
+Log-probs come in two kinds, and the backends record both:
+
+- raw: ``log_softmax(logits)`` at temperature 1 with no top-p. This is the model's own
+  distribution, what a trainer recomputes for PPO / importance ratios; ``Utterance.logprobs`` holds it.
+- sampling: the log-prob of the token under the distribution actually sampled from (after
+  temperature and top-p); 0.0 for greedy. Useful for off-policy corrections.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import torch
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filtering: keep the smallest set of top tokens whose mass reaches ``top_p``.
+
+    Args:
+        logits: ``(B, V)`` (already temperature-scaled).
+        top_p: In (0, 1]; 1 keeps everything.
+
+    Returns:
+        ``(B, V)`` logits with the dropped tokens at ``-inf`` (the top token is always kept).
+    """
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    # Drop a token when the mass strictly before it already reaches top_p (Holtzman et al., 2020).
+    drop = (probs.cumsum(dim=-1) - probs) >= top_p
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def sample_next(
+    logits: torch.Tensor, temperature: float, top_p: float, generators: Sequence[torch.Generator] | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pick one token per row.
+
+    Args:
+        logits: ``(B, V)`` raw next-token logits.
+        temperature: 0 means greedy (argmax).
+        top_p: Nucleus mass.
+        generators: One per row (reproducible sampling), or ``None`` for torch's global RNG.
+
+    Returns:
+        ``(tokens, raw_logprobs, sampling_logprobs)``, each ``(B,)``.
+    """
+    logits = logits.float()
+    raw = logits.log_softmax(dim=-1)
+    if temperature == 0:
+        tokens = logits.argmax(dim=-1)
+        return tokens, raw.gather(-1, tokens[:, None])[:, 0], torch.zeros_like(tokens, dtype=raw.dtype)
+    proc = top_p_filter(logits / temperature, top_p).log_softmax(dim=-1)
+    probs = proc.exp()
+    if generators is None:
+        tokens = torch.multinomial(probs, 1)[:, 0]
+    else:
+        tokens = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generators)])
+    idx = tokens[:, None]
+    return tokens, raw.gather(-1, idx)[:, 0], proc.gather(-1, idx)[:, 0]
+
+
+def row_seeds(seed: int, prompts: Sequence[Sequence[int]], turns: Sequence[int]) -> list[int]:
+    """One seed per row from (seed, turn, prompt content, repeat index).
+
+    A row's samples then do not depend on which other rows share its batch (batched and one-by-one
+    runs agree), while identical prompts in one batch (a GRPO group) still get different samples.
+    """
+    seen: dict[bytes, int] = {}
+    out = []
+    for prompt, turn in zip(prompts, turns):
+        h = hashlib.blake2b(repr((seed, turn, list(prompt))).encode(), digest_size=8).digest()
+        k = seen.get(h, 0)
+        seen[h] = k + 1
+        out.append(int.from_bytes(hashlib.blake2b(h + k.to_bytes(4, "little"), digest_size=8).digest(), "little") >> 1)
+    return out
+
+
+def make_generators(seeds: Sequence[int], device: torch.device | str) -> list[torch.Generator]:
+    gens = []
+    for s in seeds:
+        g = torch.Generator(device=device)
+        g.manual_seed(s)
+        gens.append(g)
+    return gens
+
+
+class StopChecker:
+    """Finds stop strings in a growing action, looking only at its tail.
+
+    A stop string that ends inside the newest token is found on that step; the token is kept whole
+    (ids stay exactly what was sampled), so the text may carry a few characters past the stop string
+    when one token spans its end (e.g. ``>\\n``). Nothing after that token is sampled.
+    """
+
+    def __init__(self, tokenizer, stops: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        # Every token decodes to >= 1 character, so this many tail tokens cover any stop string.
+        self.window = max((len(s) for s in self.stops), default=0) + 2
+
+    def hit(self, action_ids: Sequence[int]) -> bool:
+        if not self.stops:
+            return False
+        tail = self.tokenizer.decode(list(action_ids[-self.window:]), skip_special_tokens=False)
+        # Generation halts at the first hit, so any stop string in the tail is new on this step.
+        return any(s in tail for s in self.stops)
