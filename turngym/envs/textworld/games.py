@@ -1,0 +1,322 @@
+"""TextWorld game suites: what each level holds, and the on-disk cache of generated games.
+
+Games are made offline with TextWorld's own challenge generators (the ones ``tw-make`` runs) from
+fixed seeds, compiled to ``.z8`` (+ ``.json``) and cached under
+``$TURNGYM_CACHE/textworld/<level>/<split>/`` (default ``~/.cache/turngym``). Each split draws its
+seeds from its own range, so train and test never share a seed; ``content_hash`` lets tests check
+that they never share a game either.
+
+Generation runs in a child process with ``PYTHONHASHSEED=0``: TextWorld's generators iterate over
+Python sets, so under hash randomisation the same seed gives different games in different runs.
+A file lock makes it safe for many processes (subprocess env workers) to ask for the same split
+at once: one generates, the others wait and read its index.
+
+``python -m turngym.envs.textworld.games --level easy --split test --num-games 32`` pre-generates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPLITS = ("train", "test")
+INDEX = "index.json"
+# Seeds are split_base + level_base + candidate; each range holds 10**6 candidates, so no seed is
+# ever shared between splits or levels.
+_SPLIT_SEED_BASE = {"train": 10_000_000, "test": 20_000_000}
+_LEVEL_SEED_BASE = {"easy": 0, "medium": 1_000_000, "hard": 2_000_000}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kind of game in a suite: a TextWorld challenge and its settings."""
+
+    challenge: str
+    task_type: str
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A rung of the complexity ladder.
+
+    Args:
+        level: ``easy`` | ``medium`` | ``hard``.
+        variants: Game kinds, cycled over in candidate order.
+        min_moves / max_moves: Candidates whose walkthrough length falls outside are skipped.
+        max_turns: The registered turn limit (room for mistakes beyond ``max_moves``).
+        default_games: Games per split when ``num_games`` is not given.
+    """
+
+    level: str
+    variants: tuple[Variant, ...]
+    min_moves: int
+    max_moves: int
+    max_turns: int
+    default_games: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes whenever the recipe changes, so stale caches are rebuilt."""
+        blob = json.dumps([asdict(v) for v in self.variants] + [self.min_moves, self.max_moves], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _coin(level: int) -> Variant:
+    return Variant("tw-coin_collector", "coin", {"level": level})
+
+
+def _treasure(level: int) -> Variant:
+    return Variant("tw-treasure_hunter", "treasure", {"level": level})
+
+
+def _cooking(recipe: int, take: int, go: int, cook: bool = False, cut: bool = False) -> Variant:
+    settings = {"recipe": recipe, "take": take, "go": go, "open": True, "cook": cook, "cut": cut, "drop": False}
+    return Variant("tw-cooking", "cooking", settings)
+
+
+SUITES: dict[str, Suite] = {
+    # Coin collector: a chain of 2-5 rooms, some with dead-end side rooms; the objective spells
+    # out the route, so a small model can learn to read and follow it.
+    "easy": Suite(
+        "easy",
+        tuple(_coin(lv) for lv in (2, 3, 4, 5, 102, 103, 104, 105)),
+        min_moves=2, max_moves=5, max_turns=10,
+        default_games={"train": 64, "test": 32},
+    ),
+    # Treasure hunter (10 rooms, closed doors and containers, a wrong object that loses the game)
+    # and one-room-recipe cooking games over 6 rooms: about 10 moves.
+    "medium": Suite(
+        "medium",
+        (_treasure(14), _cooking(1, 1, 6), _treasure(17), _cooking(2, 2, 6), _treasure(20)),
+        min_moves=5, max_moves=14, max_turns=30,
+        default_games={"train": 64, "test": 32},
+    ),
+    # Cooking with 9-12 rooms, 2-3 ingredients to find, cook and cut.
+    "hard": Suite(
+        "hard",
+        (_cooking(2, 2, 9, True, True), _cooking(3, 3, 9, True, True), _cooking(2, 2, 12, True, True)),
+        min_moves=15, max_moves=40, max_turns=60,
+        default_games={"train": 32, "test": 16},
+    ),
+}
+
+
+@dataclass
+class GameRecord:
+    """One generated game, as listed in a split's ``index.json``."""
+
+    task_id: str
+    file: str  # the .z8 file name, relative to the split folder
+    task_type: str
+    challenge: str
+    settings: dict[str, Any]
+    seed: int
+    walkthrough: list[str]
+    objective: str
+    max_score: int
+    content_hash: str
+
+
+def get_suite(level: str) -> Suite:
+    """The suite for ``level``.
+
+    Raises:
+        ValueError: unknown level.
+    """
+    try:
+        return SUITES[level]
+    except KeyError:
+        raise ValueError(f"unknown TextWorld level {level!r}; choose from {sorted(SUITES)}") from None
+
+
+def cache_root() -> Path:
+    """``$TURNGYM_CACHE`` (default ``~/.cache/turngym``) + ``/textworld``."""
+    base = os.environ.get("TURNGYM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "turngym")
+    return Path(base) / "textworld"
+
+
+def split_dir(level: str, split: str, root: str | Path | None = None) -> Path:
+    return Path(root or cache_root()) / level / split
+
+
+def content_hash(game_json: dict) -> str:
+    """Hash of a game's content (world, quests, text), ignoring its metadata (seeds, uuid)."""
+    body = {k: v for k, v in game_json.items() if k != "metadata"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def candidate_seed(level: str, split: str, candidate: int) -> int:
+    if not 0 <= candidate < 1_000_000:
+        raise ValueError(f"candidate {candidate} is outside the seed range of a split")
+    return _SPLIT_SEED_BASE[split] + _LEVEL_SEED_BASE[level] + candidate
+
+
+def read_index(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / INDEX).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f)
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; a cache is shared like any other file
+    os.replace(tmp, path)
+
+
+def ensure_games(level: str, split: str, num_games: int | None = None, root: str | Path | None = None) -> list[GameRecord]:
+    """The first ``num_games`` games of a split, generating the missing ones (in a child process).
+
+    The games of a split form one fixed sequence, so asking for fewer games gives a prefix of what
+    asking for more gives. Safe to call from many processes at once.
+
+    Args:
+        level: ``easy`` | ``medium`` | ``hard``.
+        split: ``train`` | ``test``.
+        num_games: How many games (default: the suite's default for this split).
+        root: Cache folder (default ``cache_root()``).
+
+    Returns:
+        The games' records, in order.
+
+    Raises:
+        ValueError: bad level, split or count.
+        RuntimeError: the generator process failed.
+    """
+    suite = get_suite(level)
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    n = suite.default_games[split] if num_games is None else int(num_games)
+    if n < 1:
+        raise ValueError(f"num_games must be >= 1, got {num_games}")
+    folder = split_dir(level, split, root)
+    index = read_index(folder)
+    if not _index_ok(index, suite, n):  # only take the lock when there is work to do
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            index = read_index(folder)
+            if not _index_ok(index, suite, n):
+                _run_generator(level, split, n, folder)
+                index = read_index(folder)
+    if not _index_ok(index, suite, n):
+        raise RuntimeError(f"TextWorld game generation left an incomplete index in {folder}")
+    return [GameRecord(**g) for g in index["games"][:n]]
+
+
+def _index_ok(index: dict | None, suite: Suite, n: int) -> bool:
+    return bool(index) and index.get("fingerprint") == suite.fingerprint and len(index.get("games", [])) >= n
+
+
+def _run_generator(level: str, split: str, n: int, folder: Path) -> None:
+    index = read_index(folder)
+    have = len(index["games"]) if _index_ok(index, get_suite(level), 0) else 0
+    print(
+        f"turngym: generating {n - have} TextWorld {level}/{split} games into {folder} "
+        "(once; about 1-3 s a game)...",
+        file=sys.stderr,
+        flush=True,
+    )
+    cmd = [sys.executable, "-m", "turngym.envs.textworld.games", "--level", level, "--split", split,
+           "--num-games", str(n), "--dir", str(folder)]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"TextWorld game generation failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+# ----- the generator (runs in the child process, under the split's lock) ------------------------
+def generate(level: str, split: str, n: int, folder: Path) -> dict:
+    """Extend ``folder``'s index to ``n`` games. Needs ``PYTHONHASHSEED=0`` to be deterministic."""
+    import textworld  # heavy: only the generator process imports it
+    import textworld.challenges
+    from textworld.generator import compile_game
+
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        raise RuntimeError("TextWorld generation is only deterministic with PYTHONHASHSEED=0")
+    suite = get_suite(level)
+    folder.mkdir(parents=True, exist_ok=True)
+    index = read_index(folder)
+    if not index or index.get("fingerprint") != suite.fingerprint:
+        for stale in folder.glob("*.z8"):  # a changed recipe: start the split over
+            stale.unlink()
+        index = {"level": level, "split": split, "fingerprint": suite.fingerprint, "next_candidate": 0, "games": []}
+    seen = {g["content_hash"] for g in index["games"]}
+    while len(index["games"]) < n:
+        c = index["next_candidate"]
+        index["next_candidate"] = c + 1
+        variant = suite.variants[c % len(suite.variants)]
+        seed = candidate_seed(level, split, c)
+        settings = dict(variant.settings)
+        if variant.challenge == "tw-cooking":  # cooking keeps its own food split: use it too
+            settings.update(recipe_seed=seed, split=split)
+        options = textworld.GameOptions()
+        options.seeds = seed
+        game = textworld.challenges.CHALLENGES[variant.challenge][1](settings, options)
+        moves = len(game.walkthrough or [])
+        if not suite.min_moves <= moves <= suite.max_moves:
+            continue
+        ser = json.loads(json.dumps(game.serialize()))
+        digest = content_hash(ser)
+        if digest in seen:
+            continue
+        seen.add(digest)
+        name = f"{len(index['games']):04d}"
+        _compile_into(game, options, folder, name, compile_game)
+        index["games"].append(asdict(GameRecord(
+            task_id=f"{level}-{split}-{name}", file=f"{name}.z8", task_type=variant.task_type,
+            challenge=variant.challenge, settings=settings, seed=seed, walkthrough=list(game.walkthrough),
+            objective=game.objective, max_score=int(game.max_score), content_hash=digest,
+        )))
+        _write_json_atomic(folder / INDEX, index)  # progress survives an interrupted run
+    return index
+
+
+def _compile_into(game, options, folder: Path, name: str, compile_game) -> None:
+    """Compile in a private temp folder, then rename into place (atomic on one filesystem)."""
+    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".gen-"))
+    try:
+        options.path = str(tmp / f"{name}.z8")
+        options.file_ext = ".z8"
+        options.force_recompile = True
+        compile_game(game, options)
+        os.replace(tmp / f"{name}.json", folder / f"{name}.json")
+        os.replace(tmp / f"{name}.z8", folder / f"{name}.z8")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Generate (or extend) a cached TextWorld game split.")
+    p.add_argument("--level", required=True, choices=sorted(SUITES))
+    p.add_argument("--split", required=True, choices=SPLITS)
+    p.add_argument("--num-games", type=int, default=None)
+    p.add_argument("--root", default=None, help="cache folder (default: $TURNGYM_CACHE/textworld)")
+    p.add_argument("--dir", default=None, help=argparse.SUPPRESS)  # internal: the locked split folder
+    args = p.parse_args(argv)
+    if args.dir is None:  # by hand: take the lock and run the generator as a child
+        t0 = time.perf_counter()
+        games = ensure_games(args.level, args.split, args.num_games, args.root)
+        print(f"{len(games)} games ready in {split_dir(args.level, args.split, args.root)} "
+              f"({time.perf_counter() - t0:.1f}s)")
+        return
+    n = args.num_games or get_suite(args.level).default_games[args.split]
+    generate(args.level, args.split, n, Path(args.dir))
+
+
+if __name__ == "__main__":
+    main()
