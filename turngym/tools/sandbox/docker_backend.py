@@ -1,0 +1,356 @@
+"""``DockerBackend``: one locked-down container per sandbox, and a warm pool for fast resets.
+
+Every container runs the locally built image (``turngym.tools.sandbox.image``) with no network,
+memory / CPU / pids limits, all capabilities dropped, no-new-privileges, a read-only root, a
+size-limited tmpfs workdir and ``/tmp``, and uid 1000. Each command runs under
+``timeout -s KILL`` and its whole process group is killed when it ends, so background jobs do
+not outlive it. Containers carry a ``turngym.sandbox`` label and their owner's host:pid; the
+janitor (``cleanup_containers``) removes those whose owner is gone, and an ``atexit`` hook
+removes this process's own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from collections import deque
+
+from turngym.tools.sandbox.base import RawResult, Sandbox, SandboxConfig, SandboxError
+from turngym.tools.sandbox._runner import Capture
+
+LABEL = "turngym.sandbox"
+OWNER_LABEL = "turngym.owner"
+SANDBOX_USER = "1000:1000"
+_HOST_GRACE_S = 10.0
+# timeout(1) makes itself a process-group leader; after it returns we SIGKILL that group, so
+# background jobs die with the command. fd 3 carries stdin past sh's `&` (which would give
+# the background job /dev/null).
+_WRAP = 'exec 3<&0; timeout -s KILL "$0" "$@" <&3 3<&- & p=$!; wait $p; rc=$?; kill -s KILL -- -$p 2>/dev/null; exit $rc'
+
+_local = threading.local()
+_live: set[str] = set()  # containers this process created and has not removed
+_live_lock = threading.Lock()
+
+
+def docker_client():
+    """A per-thread ``docker.DockerClient`` (the SDK's HTTP session is not shared across threads)."""
+    client = getattr(_local, "client", None)
+    if client is None:
+        import docker
+
+        client = _local.client = docker.from_env(timeout=120)
+    return client
+
+
+def docker_available() -> str | None:
+    """Why no Docker engine can be used here, or ``None`` if one answers."""
+    try:
+        import docker  # noqa: F401
+    except ImportError:
+        return "the docker SDK is not installed (pip install 'turngym[docker]')"
+    try:
+        docker_client().ping()
+    except Exception as e:
+        _local.client = None
+        return f"no Docker engine answers ({type(e).__name__}: {str(e)[:150]})"
+    return None
+
+
+def ensure_image(client=None) -> str:
+    """The sandbox image tag, built from the cached rootfs tarball if the image is missing.
+
+    Raises:
+        SandboxError: Neither the image nor the tarball exists (build them first).
+    """
+    from turngym.tools.sandbox import image as img
+
+    client = client or docker_client()
+    tag = img.image_tag()
+    if img._image_exists(client, tag):
+        return tag
+    if not img.rootfs_tar_path().exists():
+        raise SandboxError(f"the sandbox image {tag} is not built; run `python -m turngym.tools.sandbox.image` (as root)")
+    try:
+        return img.build_docker_image(client, log=lambda *_: None)
+    except img.SandboxImageError as e:
+        raise SandboxError(str(e)) from e
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def container_kwargs(config: SandboxConfig, image: str) -> dict:
+    """The locked-down ``containers.create`` arguments for one sandbox."""
+    from docker.types import Ulimit
+
+    c = config
+    mem = f"{c.memory_mb}m"
+    return dict(
+        image=image, detach=True, labels={LABEL: "1", OWNER_LABEL: owner_id()},
+        network_mode="none", mem_limit=mem, memswap_limit=mem, nano_cpus=int(c.cpus * 1e9),
+        pids_limit=c.pids_limit, cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
+        tmpfs={c.workdir: f"rw,exec,nosuid,nodev,size={c.workdir_size_mb}m,uid=1000,gid=1000,mode=0755",
+               "/tmp": f"rw,exec,nosuid,nodev,size={c.tmp_size_mb}m,mode=1777"},
+        user=SANDBOX_USER, working_dir=c.workdir, hostname="sandbox", environment=dict(c.env),
+        ulimits=[Ulimit(name="nofile", soft=c.nofile, hard=c.nofile), Ulimit(name="core", soft=0, hard=0),
+                 Ulimit(name="fsize", soft=c.workdir_size_mb * 2**20, hard=c.workdir_size_mb * 2**20)],
+    )
+
+
+def start_container(config: SandboxConfig, image: str, client=None) -> str:
+    """Create and start one sandbox container; returns its id."""
+    client = client or docker_client()
+    cont = client.containers.run(**container_kwargs(config, image))
+    with _live_lock:
+        _live.add(cont.id)
+    return cont.id
+
+
+def remove_container(cid: str, client=None) -> None:
+    import docker
+
+    client = client or docker_client()
+    try:
+        client.api.remove_container(cid, force=True)
+    except docker.errors.NotFound:
+        pass
+    with _live_lock:
+        _live.discard(cid)
+
+
+def cleanup_containers(client=None, *, everything: bool = False) -> int:
+    """The janitor: remove labelled sandbox containers whose owner process is gone.
+
+    Args:
+        everything: Remove all turngym sandbox containers on this engine, live owners or not.
+
+    Returns:
+        How many containers were removed.
+    """
+    client = client or docker_client()
+    host = socket.gethostname()
+    removed = 0
+    for c in client.api.containers(all=True, filters={"label": f"{LABEL}=1"}):
+        owner = c.get("Labels", {}).get(OWNER_LABEL, "")
+        h, _, pid = owner.rpartition(":")
+        if everything or (h == host and pid.isdigit() and not _pid_alive(int(pid))):
+            remove_container(c["Id"], client)
+            removed += 1
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@atexit.register
+def _remove_own_containers() -> None:
+    with _live_lock:
+        ids = list(_live)
+    if not ids:
+        return
+    try:
+        client = docker_client()
+        for cid in ids:
+            remove_container(cid, client)
+    except Exception:
+        pass  # the engine is gone; the janitor removes them next time
+
+
+class DockerBackend(Sandbox):
+    """A sandbox in its own locked-down container.
+
+    Args:
+        config: Limits (memory, CPU, pids, workdir size, per-command timeout, output cap).
+        image: Image tag (default: the locally built sandbox image; built from the cached
+            rootfs tarball if needed).
+        pool: Take a warm container from this ``DockerPool`` instead of starting one.
+
+    Raises:
+        SandboxError: No engine answers, or the image is missing.
+    """
+
+    backend = "docker"
+
+    def __init__(self, config: SandboxConfig | None = None, *, image: str | None = None,
+                 pool: DockerPool | None = None) -> None:
+        if pool is not None:
+            super().__init__(pool.config)
+            self._pool, self.image = pool, pool.image
+            self.container_id = pool.take()
+            return
+        super().__init__(config)
+        reason = docker_available()
+        if reason:
+            raise SandboxError(reason)
+        self._pool = None
+        self.image = image or ensure_image()
+        self.container_id = start_container(self.config, self.image)
+
+    def _run(self, argv, timeout, stdin, max_output, cwd) -> RawResult:
+        import docker
+
+        api = docker_client().api
+        t0 = time.monotonic()
+        try:
+            ex = api.exec_create(self.container_id, ["sh", "-c", _WRAP, f"{timeout:g}", *argv],
+                                 stdin=stdin is not None, user=SANDBOX_USER, workdir=cwd)
+            sock = api.exec_start(ex["Id"], socket=True)
+        except docker.errors.APIError as e:
+            raise SandboxError(f"docker exec failed: {e.explanation or e}") from e
+        raw = getattr(sock, "_sock", sock)
+        try:
+            if stdin is not None:
+                raw.sendall(stdin)
+                raw.shutdown(socket.SHUT_WR)
+            out, err, host_timeout = _read_frames(raw, t0 + timeout + _HOST_GRACE_S, max_output)
+        finally:
+            sock.close()
+        if host_timeout:  # timeout(1) should have fired long ago; make sure nothing survives
+            self._kill_all()
+        code = api.exec_inspect(ex["Id"]).get("ExitCode")
+        elapsed = time.monotonic() - t0
+        code = 137 if code is None else int(code)
+        timed_out = host_timeout or (code == 137 and elapsed >= timeout)
+        return RawResult(code, out.value(), err.value(), timed_out, elapsed, out.total, err.total)
+
+    def _kill_all(self) -> None:
+        # As the sandbox user, kill(-1) reaches every process of that user except PID 1 (init of
+        # the PID namespace is immune) and the caller.
+        api = docker_client().api
+        ex = api.exec_create(self.container_id, ["sh", "-c", "kill -s KILL -- -1 2>/dev/null; true"],
+                             user=SANDBOX_USER)
+        api.exec_start(ex["Id"])
+
+    def _close(self) -> None:
+        if self._pool is not None:
+            self._pool.discard(self.container_id)
+        else:
+            remove_container(self.container_id)
+
+
+def _read_frames(sock, deadline: float, max_output: int) -> tuple[Capture, Capture, bool]:
+    """Read Docker's multiplexed exec stream (8-byte header: stream id, 3 pad, big-endian size)."""
+    caps = {1: Capture(max_output), 2: Capture(max_output)}
+    buf = bytearray()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([sock], [], [], left)[0]:
+            return caps[1], caps[2], True
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return caps[1], caps[2], False
+        buf += chunk
+        while len(buf) >= 8:
+            stream, size = buf[0], struct.unpack(">I", buf[4:8])[0]
+            if len(buf) < 8 + size:
+                break
+            caps.get(stream, caps[1]).add(bytes(buf[8:8 + size]))
+            del buf[:8 + size]
+
+
+class DockerPool:
+    """Keeps ``size`` started sandbox containers ready, so an episode reset does not wait for one.
+
+    A background thread refills the pool and removes discarded containers. ``take()`` hands out
+    a ready container (starting one on the spot if the pool is empty).
+
+    Args:
+        config: Limits for every container of the pool.
+        size: Warm containers kept ready.
+        image: Image tag (default: the locally built sandbox image).
+
+    Raises:
+        SandboxError: No engine answers, or the image is missing.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None, *, size: int = 1, image: str | None = None) -> None:
+        reason = docker_available()
+        if reason:
+            raise SandboxError(reason)
+        self.config = config or SandboxConfig()
+        self.size = max(0, int(size))
+        self.image = image or ensure_image()
+        cleanup_containers()
+        self._ready: deque[str] = deque()
+        self._trash: deque[str] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._error: str | None = None
+        self._thread = threading.Thread(target=self._work, name="turngym-docker-pool", daemon=True)
+        self._thread.start()
+
+    def take(self) -> str:
+        """A started container id, ready to use (the caller owns it until ``discard``)."""
+        with self._cv:
+            if self._closed:
+                raise SandboxError("the Docker pool is closed")
+            if self._ready:
+                cid = self._ready.popleft()
+                self._cv.notify_all()
+                return cid
+            self._cv.notify_all()
+        return start_container(self.config, self.image)
+
+    def discard(self, cid: str) -> None:
+        """Hand a used container back; it is removed in the background (never reused)."""
+        with self._cv:
+            self._trash.append(cid)
+            self._cv.notify_all()
+
+    def sandbox(self) -> DockerBackend:
+        """A ``DockerBackend`` on a warm container from this pool."""
+        return DockerBackend(pool=self)
+
+    def close(self) -> None:
+        """Stop refilling and remove every container of the pool (ready or discarded)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout=60)
+        for cid in list(self._ready) + list(self._trash):
+            remove_container(cid)
+        self._ready.clear()
+        self._trash.clear()
+
+    def __enter__(self) -> DockerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._trash and len(self._ready) >= self.size:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                # Refill first: a reset waiting on a container matters more than removing one.
+                trash = self._trash.popleft() if len(self._ready) >= self.size else None
+            if trash is not None:
+                remove_container(trash)
+                continue
+            try:
+                cid = start_container(self.config, self.image)
+            except Exception as e:  # surfaced by take(), which then starts one itself
+                self._error = f"{type(e).__name__}: {e}"
+                time.sleep(1.0)
+                continue
+            with self._cv:
+                if self._closed:
+                    self._trash.append(cid)
+                else:
+                    self._ready.append(cid)

@@ -1,0 +1,57 @@
+"""``LocalBackend``: plain subprocesses in a temp dir. NO ISOLATION -- unit tests only.
+
+Commands run as you, on your machine, with your network and your files. The only limits are
+the per-command timeout and output cap. It exists so that env logic can be tested where no
+Docker engine and no bubblewrap are available; it is never picked automatically.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+
+from turngym.tools.sandbox import _runner
+from turngym.tools.sandbox.base import RawResult, Sandbox, SandboxConfig
+
+
+class UnsafeSandboxWarning(UserWarning):
+    """A sandbox without isolation was created."""
+
+
+class LocalBackend(Sandbox):
+    """Run commands as host subprocesses in a temporary directory (unsafe, opt-in).
+
+    Args:
+        config: Limits; only ``timeout_s``, ``max_output_bytes`` and ``env`` apply here. The
+            workdir is a fresh temp dir, whatever ``config.workdir`` says.
+    """
+
+    backend = "local"
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        warnings.warn(
+            "LocalBackend runs commands directly on this machine with NO isolation (no network, memory "
+            "or filesystem limits). Use it for unit tests only; use Docker or bubblewrap for agents.",
+            UnsafeSandboxWarning, stacklevel=2,
+        )
+        self._dir = tempfile.mkdtemp(prefix="turngym-local-")
+        cfg = config or SandboxConfig()
+        super().__init__(SandboxConfig(**{**cfg.__dict__, "workdir": self._dir}))
+        self._env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self._dir, "LANG": "C.UTF-8",
+                     "PYTHONDONTWRITEBYTECODE": "1", **self.config.env}
+
+    def _run(self, argv, timeout, stdin, max_output, cwd) -> RawResult:
+        r = _runner.run_capped(argv, cwd=cwd if os.path.isdir(cwd) else self._dir, env=self._env,
+                               stdin=stdin, timeout=timeout, max_output=max_output)
+        return RawResult(r["exit_code"], r["stdout"], r["stderr"], r["timed_out"], r["elapsed_s"],
+                         r["stdout_total"], r["stderr_total"])
+
+    def _kill_all(self) -> None:
+        # run_capped kills each command's process group when the command ends. A process that
+        # escaped with setsid() cannot be found without isolation -- one more reason this is unsafe.
+        return
+
+    def _close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
