@@ -10,7 +10,7 @@ here, so every backend behaves the same at the edges.
 from __future__ import annotations
 
 import posixpath
-import shlex
+import signal
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -75,8 +75,10 @@ class ExecResult:
             head = f"[command timed out after {self.elapsed_s:.1f}s (limit{limit}) and was killed]"
         elif self.exit_code == 137:
             head = "[exit code 137: killed by SIGKILL -- the command hit a sandbox limit (memory or processes)]"
+        elif self.exit_code == 128 + 25:
+            head = f"[exit code {self.exit_code}: killed by SIGXFSZ -- a file hit the sandbox's size limit]"
         elif self.exit_code > 128:
-            head = f"[exit code {self.exit_code}: killed by signal {self.exit_code - 128}]"
+            head = f"[exit code {self.exit_code}: killed by signal {_signal_name(self.exit_code - 128)}]"
         else:
             head = f"[exit code {self.exit_code}]"
         parts = [head]
@@ -85,6 +87,13 @@ class ExecResult:
         if self.stderr:
             parts.append("[stderr]\n" + self.stderr.rstrip("\n"))
         return "\n".join(parts)
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return str(n)
 
 
 @dataclass
@@ -270,8 +279,3 @@ class Sandbox(ABC):
         res = self._checked_run(["sh", "-c", script, "sh", dest], 120.0, data, None, 4096)
         if res.exit_code != 0:
             raise SandboxError(f"cannot unpack files into {dest}: {res.stderr.decode('utf-8', 'replace').strip()}")
-
-
-def shell_join(argv: list[str]) -> str:
-    """Quote an argv list into one shell command line."""
-    return shlex.join(argv)

@@ -1,0 +1,193 @@
+"""The sandbox interface, on every backend that can run here (local always; Docker and bwrap
+skip with the reason when they cannot run)."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import pytest
+
+from turngym.tools.sandbox import SandboxConfig, SandboxError, make_sandbox, resolve_backend
+from turngym.tools.sandbox._runner import Capture
+from turngym.tools.sandbox.base import ExecResult
+
+BACKENDS = ["local", "docker", "bwrap"]
+
+
+def skip_reason(backend: str) -> str | None:
+    """Why ``backend`` cannot run here (engine, binary, image or rootfs missing), else None."""
+    if backend == "docker":
+        from turngym.tools.sandbox.docker_backend import docker_available, ensure_image
+
+        reason = docker_available()
+        if reason:
+            return f"Docker: {reason}"
+        try:
+            ensure_image()
+        except SandboxError as e:
+            return f"Docker: {e}"
+    if backend == "bwrap":
+        from turngym.tools.sandbox.bwrap_backend import bwrap_available
+        from turngym.tools.sandbox.image import SandboxImageError, ensure_rootfs_dir
+
+        reason = bwrap_available()
+        if reason:
+            return f"bwrap: {reason}"
+        try:
+            ensure_rootfs_dir(build=False)
+        except SandboxImageError as e:
+            return f"bwrap: {e}"
+    return None
+
+
+def open_sandbox(backend: str, config: SandboxConfig | None = None):
+    """A sandbox on ``backend``, or skip the test with the reason it cannot run here."""
+    reason = skip_reason(backend)
+    if reason:
+        pytest.skip(reason)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # LocalBackend's (deliberate) unsafe warning
+        return make_sandbox(backend, config)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def sb(request):
+    box = open_sandbox(request.param, SandboxConfig(timeout_s=20, max_output_bytes=1000))
+    yield box
+    box.close()
+
+
+def test_exec_unpacks_and_reports_exit_code(sb):
+    code, out, err = sb.exec("echo out; echo err >&2; exit 3")
+    assert (code, out, err) == (3, "out\n", "err\n")
+    res = sb.exec(["printf", "%s|", "a b", "c;d"])  # argv lists are not re-parsed by a shell
+    assert res.ok and res.stdout == "a b|c;d|"
+
+
+def test_commands_run_in_workdir_as_non_root(sb):
+    assert sb.exec("pwd").stdout.strip() == sb.workdir
+    if sb.backend != "local":
+        assert sb.exec("id -u").stdout.strip() == "1000"
+
+
+def test_output_is_truncated_head_and_tail(sb):
+    res = sb.exec("seq 1 100000")
+    assert res.stdout_bytes == len("".join(f"{i}\n" for i in range(1, 100001)))
+    assert res.truncated and len(res.stdout) < 1100
+    assert res.stdout.startswith("1\n2\n") and res.stdout.endswith("99999\n100000\n")
+    assert "bytes of output truncated" in res.stdout
+
+
+def test_timeout_kills_the_command_and_its_children(sb):
+    t0 = time.monotonic()
+    res = sb.exec("sleep 30 & sleep 30; echo never", timeout=1)
+    assert res.timed_out and res.exit_code == 137 and "never" not in res.stdout
+    assert time.monotonic() - t0 < 8
+    assert "timed out" in res.observation(1)
+    assert "sleep 30" not in sb.exec("ps -eo args").stdout
+
+
+def test_background_jobs_do_not_hold_the_command(sb):
+    t0 = time.monotonic()
+    res = sb.exec("sleep 20 & echo started")
+    assert res.ok and res.stdout == "started\n" and time.monotonic() - t0 < 5
+
+
+def test_stdin_and_files_round_trip(sb):
+    assert sb.exec("wc -c", stdin=b"12345").stdout.strip() == "5"
+    sb.write_file("pkg/deep/f.txt", "héllo\n")
+    assert sb.read_file("pkg/deep/f.txt") == "héllo\n"
+    assert sb.read_file(f"{sb.workdir}/pkg/deep/f.txt") == "héllo\n"
+    sb.put_files({"a.py": "x = 1\n", "b/c.py": "y = 2\n"})
+    assert sb.exec("cat a.py b/c.py").stdout == "x = 1\ny = 2\n"
+    with pytest.raises(FileNotFoundError):
+        sb.read_file("missing.txt")
+
+
+def test_snapshot_restore(sb):
+    sb.write_file("state.txt", "before")
+    snap = sb.snapshot()
+    sb.write_file("state.txt", "after")
+    sb.write_file("new.txt", "junk")
+    sb.restore(snap)
+    assert sb.read_file("state.txt") == "before"
+    assert sb.exec("test -e new.txt").exit_code == 1
+
+
+def test_closed_sandbox_raises_and_close_is_idempotent():
+    box = open_sandbox("local")
+    with box:
+        assert box.exec("true").ok
+    assert box.closed
+    box.close()
+    with pytest.raises(SandboxError, match="closed"):
+        box.exec("true")
+
+
+def test_local_backend_warns_loudly():
+    from turngym.tools.sandbox import LocalBackend
+
+    with pytest.warns(UserWarning, match="NO isolation"):
+        LocalBackend().close()
+
+
+def test_auto_never_picks_local():
+    try:
+        assert resolve_backend("auto") in ("docker", "bwrap")
+    except SandboxError as e:
+        assert "backend='local'" in str(e)
+    with pytest.raises(ValueError, match="unknown sandbox backend"):
+        resolve_backend("chroot")
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="workdir"):
+        SandboxConfig(workdir="relative")
+    with pytest.raises(ValueError, match="memory_mb"):
+        SandboxConfig(memory_mb=0)
+
+
+def test_capture_keeps_head_and_tail_and_counts():
+    c = Capture(10)
+    for chunk in (b"abc", b"defghij", b"klmnopqrstu", b"vwxyz"):
+        c.add(chunk)
+    assert c.total == 26
+    v = c.value()
+    assert v.startswith(b"abcde") and v.endswith(b"vwxyz") and b"16 bytes of output truncated" in v
+    small = Capture(100)
+    small.add(b"hello")
+    assert small.value() == b"hello"
+
+
+def test_exec_result_observation_names_the_cause():
+    assert ExecResult(137, "", "Killed").observation().startswith("[exit code 137: killed by SIGKILL")
+    assert ExecResult(0, "hi\n", "").observation() == "[exit code 0]\nhi"
+    assert ExecResult(1, "", "boom").observation() == "[exit code 1]\n[stderr]\nboom"
+
+
+def test_docker_janitor_removes_orphans_and_pool_never_reuses():
+    reason = skip_reason("docker")
+    if reason:
+        pytest.skip(reason)
+    from turngym.tools.sandbox.docker_backend import (
+        LABEL, OWNER_LABEL, DockerPool, cleanup_containers, container_kwargs, docker_client, ensure_image,
+    )
+
+    client = docker_client()
+    kw = container_kwargs(SandboxConfig(), ensure_image())
+    kw["labels"] = {LABEL: "1", OWNER_LABEL: f"{os.uname().nodename}:999999999"}  # an owner that is gone
+    orphan = client.containers.create(**{k: v for k, v in kw.items() if k != "detach"})
+    assert cleanup_containers(client) >= 1
+    assert not client.api.containers(all=True, filters={"id": orphan.id})
+    with DockerPool(SandboxConfig(), size=1) as pool:
+        a = pool.sandbox()
+        a.write_file("mark.txt", "episode 1")
+        first = a.container_id
+        a.close()
+        b = pool.sandbox()
+        assert b.container_id != first and b.exec("test -e mark.txt").exit_code == 1
+        b.close()
+    for cid in (first, b.container_id):  # closing the pool removed the used containers too
+        assert not client.api.containers(all=True, filters={"id": cid})

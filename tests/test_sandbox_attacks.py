@@ -1,0 +1,146 @@
+"""The sandbox attack suite, on Docker and on bubblewrap: each attack ends in a clear
+observation (within the timeout where one applies), the sandbox stays usable, and the host is
+untouched. Skips with the reason when a backend cannot run here. (Reading the hidden tests and
+mining ``git log`` for the fix are SWE-env attacks: see ``test_swe_attacks.py``.)"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from test_sandbox import open_sandbox
+from turngym.tools.sandbox import SandboxConfig
+
+CONFIG = SandboxConfig(memory_mb=512, pids_limit=128, workdir_size_mb=64, tmp_size_mb=16, timeout_s=10)
+
+
+@pytest.fixture(scope="module", params=["docker", "bwrap"])
+def sb(request):
+    box = open_sandbox(request.param, CONFIG)
+    yield box
+    box.close()
+
+
+def assert_alive(sb):
+    res = sb.exec("echo alive; ps -e --no-headers | wc -l", timeout=10)
+    assert res.ok and res.stdout.startswith("alive"), res.observation()
+    assert int(res.stdout.split()[1]) < 10, "leftover processes survived the attack"
+
+
+def _host_ips() -> list[str]:
+    ips = {"172.17.0.1", "127.0.0.1"}  # docker0 gateway; loopback (the sandbox's own, not the host's)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("1.1.1.1", 53))  # UDP connect sends nothing; it just picks the route's source
+            ips.add(s.getsockname()[0])
+    except OSError:
+        pass
+    return sorted(ips)
+
+
+def test_network_is_unreachable(sb):
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("0.0.0.0", 0))
+    listener.listen()
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    accepted, done = [], threading.Event()
+
+    def accept():
+        while not done.is_set():
+            try:
+                accepted.append(listener.accept())
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    targets = [("1.1.1.1", 80), ("1.1.1.1", 53)] + [(ip, port) for ip in _host_ips()]
+    script = (
+        "import socket, sys\n"
+        "for host, port in %r:\n"
+        "    s = socket.socket(); s.settimeout(3)\n"
+        "    try:\n"
+        "        s.connect((host, port)); print('CONNECTED', host, port)\n"
+        "    except OSError as e:\n"
+        "        print('blocked', host, port, e)\n"
+        "try:\n"
+        "    socket.getaddrinfo('example.com', 80); print('DNS resolved')\n"
+        "except OSError as e:\n"
+        "    print('dns blocked', e)\n" % targets
+    )
+    t0 = time.monotonic()
+    res = sb.exec(["python3", "-c", script], timeout=30)
+    assert time.monotonic() - t0 < 30
+    assert "CONNECTED" not in res.stdout and "DNS resolved" not in res.stdout, res.stdout
+    assert res.stdout.count("blocked") == len(targets) + 1
+    assert "Network is unreachable" in res.stdout or "Connection refused" in res.stdout
+    done.set()
+    t.join()
+    listener.close()
+    assert not accepted, "the host listener was reached from the sandbox"
+
+
+def test_fork_bomb_is_contained(sb):
+    t0 = time.monotonic()
+    res = sb.exec(["bash", "-c", ":(){ :|:& };:; sleep 2; echo survived"], timeout=5)
+    assert time.monotonic() - t0 < 5 + 10
+    assert "fork: retry" in res.stderr or "Resource temporarily unavailable" in res.stderr, res.observation()
+    res = sb.exec(["python3", "-c", "import os\nwhile True:\n    os.fork()"], timeout=5)
+    assert "Resource temporarily unavailable" in res.stderr or res.timed_out, res.observation()
+    assert_alive(sb)
+
+
+def test_ten_gigabyte_allocation_fails_cleanly(sb):
+    t0 = time.monotonic()
+    res = sb.exec(["python3", "-c", "x = bytearray(10 * 1024**3); print('allocated')"], timeout=30)
+    assert time.monotonic() - t0 < 30
+    assert "allocated" not in res.stdout and res.exit_code != 0
+    obs = res.observation()
+    assert "MemoryError" in obs or "killed by SIGKILL" in obs, obs
+    assert_alive(sb)
+
+
+def test_disk_fill_stops_at_the_workdir_limit(sb):
+    free_before = shutil.disk_usage("/").free
+    res = sb.exec("dd if=/dev/zero of=big bs=1M count=2048; for i in 1 2 3; do head -c 50000000 /dev/zero > f$i; done",
+                  timeout=60)
+    obs = res.observation()
+    assert "No space left on device" in obs or "File too large" in obs, obs
+    used = sb.exec(f"du -sm {sb.workdir} | cut -f1").stdout.strip()
+    assert int(used) <= CONFIG.workdir_size_mb
+    tmp = sb.exec("head -c 100000000 /dev/zero > /tmp/big").observation()
+    assert "No space left on device" in tmp or "File too large" in tmp, tmp
+    # the host did not absorb the 2 GB (other processes share this disk, so allow some noise)
+    assert free_before - shutil.disk_usage("/").free < 1024 * 2**20
+    sb.exec("rm -f big f1 f2 f3 /tmp/big")
+    assert_alive(sb)
+
+
+def test_infinite_loop_is_killed_at_the_timeout(sb):
+    t0 = time.monotonic()
+    res = sb.exec("while :; do :; done", timeout=2)
+    elapsed = time.monotonic() - t0
+    assert res.timed_out and res.exit_code == 137 and 1.9 < elapsed < 2 + 10
+    assert "timed out" in res.observation(2)
+    assert_alive(sb)
+
+
+def test_writing_outside_the_workdir_fails(sb):
+    marker = f"turngym-escape-{uuid.uuid4().hex[:8]}"
+    targets = ["/", "/etc/", "/usr/bin/", "/root/", "/var/", "/home/"]
+    res = sb.exec("; ".join(f"touch {d}{marker}" for d in targets) + f"; touch /tmp/{marker}; echo done")
+    err = res.stderr
+    assert err.count("Read-only file system") + err.count("Permission denied") + err.count("No such file") >= len(targets)
+    assert sb.exec(f"ls /tmp/{marker}").ok  # the sandbox's own /tmp is writable ...
+    for d in targets + ["/tmp/"]:  # ... but nothing reached the host
+        assert not Path(d, marker).exists()
+    assert sb.exec(f"ls {'  '.join(d + marker for d in targets)}").exit_code != 0
+    assert_alive(sb)
