@@ -140,6 +140,7 @@ def _start_episode(handle, spec: EpisodeSpec, env_desc: dict, metadata: dict | N
         traj = Trajectory(str(spec.task_id), truncated=True, metadata={**meta, "error": str(e)})
         return _Live(spec, Conversation([]), traj, t0)
     meta["task_type"] = info.get("task_type", "default")
+    meta["initial_state_key"] = info.get("state_key")  # GiGPO anchors the first action here
     traj = Trajectory(str(info.get("task_id", spec.task_id)), metadata=meta, initial_observation=list(obs))
     conv = Conversation(list(obs), env_desc["tools"], env_desc["tool_format"], info=info)
     return _Live(spec, conv, traj, t0)

@@ -1,0 +1,211 @@
+"""What every online trainer shares: collect with the current policy, score with the frozen
+reference, and the token-level actor update. ArCHer and the critic-free family differ only in how
+they turn rewards into per-utterance advantages; that math lives in their own files.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from turngym.agents.base import SamplingParams
+from turngym.trainers import functional as Fn
+from turngym.trainers.config import knob
+from turngym.trainers.rollout import EpisodeSpec, make_env_factory, rollout
+from turngym.trainers.sequences import PackedBatch, score
+from turngym.types import Trajectory
+
+
+@dataclass
+class OnlineConfig:
+    """Knobs shared by ArCHer and the policy-gradient family."""
+
+    iterations: int = knob(8, "collect -> update rounds")
+    episodes_per_iter: int = knob(16, "episodes collected per iteration")
+    num_envs: int = knob(16, "episodes in flight during collection (the generation batch)")
+    max_turns: int | None = knob(None, "override the env's turn limit")
+    temperature: float = knob(1.0, "sampling temperature while collecting")
+    top_p: float = knob(1.0, "nucleus mass while collecting")
+    max_new_tokens: int = knob(48, "length cap for one utterance")
+    gamma: float = knob(0.95, "discount between turns")
+    reward: list = knob(["env"], "reward transforms, summed (see turngym.rewards)")
+    actor_lr: float = knob(2e-5, "actor learning rate (AdamW)")
+    clip_coef: float = knob(0.2, "PPO ratio clip; 0 disables clipping")
+    kl_coef: float = knob(0.0, "weight of the KL(pi || reference) guard")
+    ent_coef: float = knob(0.0, "weight of the entropy bonus")
+    max_grad_norm: float = knob(1.0, "gradient clipping")
+    minibatch_size: int = knob(4, "sequences (episodes) per actor optimizer step")
+    actor_epochs: int = knob(1, "passes over each new batch")
+    normalize_advantages: bool = knob(False, "standardise advantages over the batch")
+    trainable: str = knob("all", "all | lora | top:K (only the top K transformer blocks)")
+    lora_r: int = knob(16, "LoRA rank when trainable=lora")
+    lora_alpha: int = knob(32, "LoRA alpha when trainable=lora")
+    seed: int = knob(0, "seeds task order, sampling and minibatches")
+    checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
+
+    def __post_init__(self) -> None:
+        if self.iterations < 0 or self.episodes_per_iter < 1:
+            raise ValueError("iterations must be >= 0 and episodes_per_iter >= 1")
+        if not (self.trainable in ("all", "lora") or self.trainable.startswith("top:")):
+            raise ValueError(f"trainable must be all, lora or top:K, got {self.trainable!r}")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+
+    def sampling(self, iteration: int) -> SamplingParams:
+        # the seed depends only on (seed, iteration): a resumed run samples exactly as the original
+        return SamplingParams(self.temperature, self.top_p, self.max_new_tokens, seed=self.seed * 100_003 + iteration)
+
+
+def prepare_trainable(model: torch.nn.Module, cfg: OnlineConfig) -> torch.nn.Module:
+    """Freeze what ``cfg.trainable`` says to freeze; wrap with LoRA adapters when asked.
+
+    ``top:K`` trains the last K transformer blocks and the final norm: backward then stops at
+    block N-K, which roughly halves update time on a CPU for K << N.
+    """
+    if cfg.trainable == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
+        return get_peft_model(model, lcfg)
+    if cfg.trainable.startswith("top:"):
+        k = int(cfg.trainable.split(":")[1])
+        for p in model.parameters():
+            p.requires_grad_(False)
+        layers = _blocks(model)
+        for block in layers[len(layers) - k :]:
+            for p in block.parameters():
+                p.requires_grad_(True)
+        norm = getattr(model.base_model, "norm", None)
+        if norm is not None:
+            for p in norm.parameters():
+                p.requires_grad_(True)
+    return model
+
+
+def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
+    for m in model.modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) > 1:
+            return m
+    raise ValueError("cannot find the model's transformer blocks for trainable=top:K")
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The reference: a frozen copy of the starting policy (KL anchor and critic encoder)."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_size: int = 1) -> list[EpisodeSpec]:
+    """``n`` episodes for one iteration: tasks shuffled by (seed, iteration), each repeated
+    ``group_size`` times with one reset seed so a group replays the same start."""
+    rng = random.Random(seed * 1_000_003 + iteration)
+    groups = max(1, n // group_size)
+    picks = [task_ids[rng.randrange(len(task_ids))] for _ in range(groups)]
+    specs = []
+    for g, task in enumerate(picks):
+        specs += [EpisodeSpec(task, seed * 1_000_003 + iteration * 1000 + g)] * group_size
+    return specs
+
+
+def collect(policy: Any, env_id: str, env_kwargs: dict, specs: list[EpisodeSpec], cfg: OnlineConfig, iteration: int) -> tuple[list[Trajectory], dict]:
+    """Roll out the current policy; returns trajectories and rollout metrics."""
+    kwargs = dict(env_kwargs)
+    if cfg.max_turns is not None:
+        kwargs["max_turns"] = cfg.max_turns
+    policy.invalidate_caches()  # the weights changed since the last collection
+    t0 = time.perf_counter()
+    trajs = rollout(policy, make_env_factory(env_id, **kwargs), specs, sampling=cfg.sampling(iteration),
+                    num_envs=cfg.num_envs, progress=False)
+    dt = time.perf_counter() - t0
+    turns = sum(len(t.turns) for t in trajs)
+    tokens = sum(len(x.action_ids) for t in trajs for x in t.turns)
+    invalid = sum(1 for t in trajs for x in t.turns if not x.info.get("action_valid", False))
+    metrics = {
+        "rollout/success": sum(t.success for t in trajs) / len(trajs),
+        "rollout/return": sum(t.total_reward for t in trajs) / len(trajs),
+        "rollout/turns": turns / len(trajs),
+        "rollout/invalid_rate": invalid / max(turns, 1),
+        "rollout/env_steps": turns,
+        "rollout/tokens_per_s": tokens / dt if dt > 0 else 0.0,
+        "rollout/seconds": dt,
+    }
+    return trajs, metrics
+
+
+@torch.no_grad()
+def reference_pass(ref: torch.nn.Module, batch: PackedBatch, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reference log-probs ``(M,)`` of the policy tokens, and final hidden states if asked."""
+    out = score(ref, batch, hidden=hidden)
+    return out.logprobs.float(), out.hidden
+
+
+def actor_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: PackedBatch,
+    token_adv: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    cfg: OnlineConfig,
+    gen: torch.Generator,
+) -> dict[str, float]:
+    """Token-level policy gradient: clipped surrogate with the given per-token advantages, plus
+    the KL and entropy guards, over minibatches of sequences.
+
+    Args:
+        token_adv: ``(M,)`` advantage of each scored token (its utterance's, or token-level).
+        ref_logprobs: ``(M,)`` reference log-probs (needed when ``kl_coef > 0``).
+
+    Returns:
+        Mean metrics over the minibatch steps.
+    """
+    model.train()
+    B = batch.input_ids.shape[0]
+    params = [p for p in model.parameters() if p.requires_grad]
+    sums: dict[str, float] = {}
+    steps = 0
+    for _ in range(cfg.actor_epochs):
+        order = torch.randperm(B, generator=gen).tolist()
+        for i in range(0, B, cfg.minibatch_size):
+            sub, keep = batch.select_rows(sorted(order[i : i + cfg.minibatch_size]))
+            out = score(model, sub, entropy=True)  # entropy is always logged
+            adv = token_adv[keep].to(out.logprobs.device)
+            ones = torch.ones_like(adv)
+            pg_loss, clip_frac = Fn.clipped_pg_loss(out.logprobs, sub.old_logprobs.to(adv.device), adv, ones, cfg.clip_coef)
+            loss = pg_loss
+            kl = torch.zeros(())
+            if ref_logprobs is not None:
+                kl = Fn.masked_mean(Fn.kl_k3(out.logprobs, ref_logprobs[keep].to(adv.device)), ones)
+                if cfg.kl_coef > 0:
+                    loss = loss + cfg.kl_coef * kl
+            entropy = out.entropy.mean()
+            if cfg.ent_coef > 0:
+                loss = loss - cfg.ent_coef * entropy
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            optimizer.step()
+            ratio_dev = (out.logprobs.detach() - sub.old_logprobs.to(adv.device)).abs().mean()
+            for k, v in {
+                "actor/pg_loss": pg_loss.item(), "actor/kl": kl.item(), "actor/entropy": entropy.item(),
+                "actor/clip_frac": float(clip_frac), "actor/grad_norm": float(grad_norm),
+                "actor/logprob_drift": ratio_dev.item(),
+            }.items():
+                sums[k] = sums.get(k, 0.0) + v
+            steps += 1
+    model.eval()
+    return {k: v / max(steps, 1) for k, v in sums.items()}
+
+
+def advantage_stats(adv: torch.Tensor, prefix: str = "adv") -> dict[str, float]:
+    if adv.numel() == 0:
+        return {}
+    return {f"{prefix}/mean": adv.mean().item(), f"{prefix}/std": adv.std(unbiased=False).item(),
+            f"{prefix}/min": adv.min().item(), f"{prefix}/max": adv.max().item()}

@@ -1,0 +1,179 @@
+"""Critic-free policy gradient on identical rollouts: REINFORCE, RLOO, GRPO and GiGPO.
+
+Every iteration plays G groups of ``group_size`` episodes; the episodes of a group share a task
+and a reset seed (deterministic resets), so they differ only by the policy's samples. Advantages:
+
+    reinforce:  A = R - mean_batch(R)                       (same for every turn of an episode)
+    rloo:       A = R_i - mean_{j != i} R_j   within a group
+    grpo:       A = (R_i - mean_group R) / std_group R
+    gigpo:      A_t = A^E(episode, as GRPO) + omega * A^S(step), where A^S normalises the
+                discounted step return G_t among steps taken from the same state_key in the group
+
+``R`` is the episode's undiscounted sum of per-turn rewards (after the reward transforms). The
+actor update is the shared PPO-clipped token-level step (``online.actor_update``) on the recorded
+sampling log-probs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+from tqdm.auto import tqdm
+
+from turngym.rewards import make_reward
+from turngym.trainers import functional as Fn
+from turngym.trainers.checkpoint import load_checkpoint, save_checkpoint
+from turngym.trainers.config import knob
+from turngym.trainers.logger import MetricsLogger, plot_learning_curve
+from turngym.trainers.online import (
+    OnlineConfig, actor_update, advantage_stats, collect, frozen_copy, prepare_trainable, reference_pass, task_schedule,
+)
+from turngym.trainers.sequences import pack_batch
+from turngym.types import Trajectory
+
+ALGOS = ("reinforce", "rloo", "grpo", "gigpo")
+
+
+@dataclass
+class PGConfig(OnlineConfig):
+    """Knobs of the critic-free family (plus the shared ``OnlineConfig`` ones)."""
+
+    algo: str = knob("grpo", "reinforce | rloo | grpo | gigpo")
+    group_size: int = knob(4, "episodes per group (same task, same reset seed)")
+    scale_by_std: bool = knob(True, "divide group-centred returns by the group std (GRPO, GiGPO)")
+    step_weight: float = knob(1.0, "GiGPO: omega, the weight of the step-level advantage")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.algo not in ALGOS:
+            raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
+        if self.algo in ("rloo", "grpo", "gigpo") and self.group_size < 2:
+            raise ValueError(f"{self.algo} needs group_size >= 2")
+        if self.episodes_per_iter % self.group_size:
+            raise ValueError("episodes_per_iter must be a multiple of group_size")
+
+
+def turn_advantages(trajs: list[Trajectory], rewards: list[list[float]], cfg: PGConfig) -> list[list[float]]:
+    """Per-turn advantages for every trajectory (trajectories come in consecutive groups)."""
+    returns = torch.tensor([sum(r) for r in rewards], dtype=torch.float32)
+    n = cfg.group_size
+    if cfg.algo == "reinforce":
+        ep = Fn.reinforce_advantages(returns)
+        return [[float(ep[i])] * len(t.turns) for i, t in enumerate(trajs)]
+    grouped = returns.reshape(-1, n)
+    if cfg.algo == "rloo":
+        ep = Fn.rloo_advantages(grouped).reshape(-1)
+        return [[float(ep[i])] * len(t.turns) for i, t in enumerate(trajs)]
+    if cfg.algo == "grpo":
+        ep = Fn.grpo_advantages(grouped, scale_by_std=cfg.scale_by_std).reshape(-1)
+        return [[float(ep[i])] * len(t.turns) for i, t in enumerate(trajs)]
+    # gigpo: flatten steps, with discounted step returns and anchor states
+    step_returns, step_episode, groups, keys = [], [], [], []
+    for i, (t, r) in enumerate(zip(trajs, rewards)):
+        g = Fn.discounted_returns(torch.tensor(r, dtype=torch.float32), cfg.gamma) if r else torch.zeros(0)
+        prev_key = t.metadata.get("initial_state_key", "start")
+        for k, turn in enumerate(t.turns):
+            step_returns.append(float(g[k]))
+            step_episode.append(i)
+            groups.append(i // n)
+            keys.append(prev_key)  # the state the action was taken FROM
+            prev_key = turn.info.get("state_key", f"{i}:{k}")
+    a = Fn.gigpo_advantages(grouped, torch.tensor(step_returns), torch.tensor(step_episode, dtype=torch.long),
+                            groups, keys, cfg.step_weight, cfg.scale_by_std)
+    out, j = [], 0
+    for t in trajs:
+        out.append([float(x) for x in a[j : j + len(t.turns)]])
+        j += len(t.turns)
+    return out
+
+
+class PGTrainer:
+    """Train ``policy`` on ``env_id`` with REINFORCE / RLOO / GRPO / GiGPO (``cfg.algo``)."""
+
+    def __init__(self, policy: Any, env_id: str, cfg: PGConfig | None = None, *,
+                 env_kwargs: dict | None = None, out_dir: str | Path = "runs/pg") -> None:
+        self.policy, self.env_id, self.cfg = policy, env_id, cfg or PGConfig()
+        self.env_kwargs = dict(env_kwargs or {})
+        self.out_dir = Path(out_dir)
+        self.ckpt_dir = self.out_dir / "checkpoint"
+        self.iteration = 0
+        self.env_steps = 0
+        self._ready = False
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        self.ref = frozen_copy(self.policy.model) if cfg.kl_coef > 0 else None
+        self.policy.model = prepare_trainable(self.policy.model, cfg)
+        self.model = self.policy.model
+        self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.reward_fn = make_reward(cfg.reward)
+        probe = gym.make(self.env_id, **self.env_kwargs)
+        self.task_ids = list(probe.unwrapped.task_ids)
+        probe.close()
+        self._ready = True
+
+    def train(self, resume: bool = True, logger: MetricsLogger | None = None, progress: bool = True) -> list[dict]:
+        """Run until ``cfg.iterations``; resumes from ``out_dir/checkpoint`` when present."""
+        if not self._ready:
+            self.setup()
+        resumed = resume and self.ckpt_dir.exists() and self.load(self.ckpt_dir)
+        own_logger = logger is None
+        logger = logger or MetricsLogger(self.out_dir, config=asdict(self.cfg), resume=bool(resumed))
+        bar = tqdm(total=self.cfg.iterations, initial=self.iteration, desc=self.cfg.algo, disable=not progress)
+        rows = []
+        while self.iteration < self.cfg.iterations:
+            metrics = self.step()
+            logger.log(metrics, step=self.iteration)
+            rows.append(metrics)
+            bar.update(1)
+            bar.set_postfix(success=f"{metrics['rollout/success']:.2f}")
+            every = self.cfg.checkpoint_every
+            if (every and self.iteration % every == 0) or self.iteration == self.cfg.iterations:
+                self.save(self.ckpt_dir)
+        bar.close()
+        plot_learning_curve(logger.rows(), self.out_dir / "learning_curve.png", title=f"{self.cfg.algo} on {self.env_id}")
+        if own_logger:
+            logger.close()
+        return rows
+
+    def step(self) -> dict[str, float]:
+        cfg = self.cfg
+        specs = task_schedule(self.task_ids, cfg.episodes_per_iter, cfg.seed, self.iteration, cfg.group_size)
+        trajs, metrics = collect(self.policy, self.env_id, self.env_kwargs, specs, cfg, self.iteration)
+        rewards = self.reward_fn(trajs)
+        per_turn = turn_advantages(trajs, rewards, cfg)
+        batch = pack_batch(trajs, self.policy.pad_id)
+        adv = torch.tensor([per_turn[ti][k] for ti, k in batch.turn_refs], dtype=torch.float32)
+        if cfg.normalize_advantages and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-6)
+        ref_logprobs = reference_pass(self.ref, batch, hidden=False)[0] if self.ref is not None else None
+        metrics.update(advantage_stats(adv))
+        if adv.abs().sum() > 0:  # all-equal groups carry no signal: skip the update, keep the data count
+            metrics.update(actor_update(self.model, self.actor_opt, batch, adv[batch.token_turn], ref_logprobs, cfg, self.gen))
+        self.iteration += 1
+        self.env_steps += int(metrics["rollout/env_steps"])
+        metrics["env_steps"] = self.env_steps
+        return metrics
+
+    def save(self, path: str | Path) -> Path:
+        return save_checkpoint(path, {
+            "model": self.model.state_dict(), "actor_opt": self.actor_opt.state_dict(), "gen": self.gen.get_state(),
+            "iteration": self.iteration, "env_steps": self.env_steps, "config": asdict(self.cfg),
+        })
+
+    def load(self, path: str | Path) -> bool:
+        if not self._ready:
+            self.setup()
+        st = load_checkpoint(path)
+        self.model.load_state_dict(st["model"])
+        self.actor_opt.load_state_dict(st["actor_opt"])
+        self.gen.set_state(st["gen"])
+        self.iteration, self.env_steps = st["iteration"], st["env_steps"]
+        self.policy.invalidate_caches()
+        return True

@@ -1,0 +1,173 @@
+"""The full training path behind ``turngym train``: load the policy, evaluate it zero-shot on held-out
+tasks, SFT warm start, evaluate, RL (ArCHer or a critic-free algorithm), evaluate.
+
+Stages are recorded in ``<output_dir>/stages.json`` as they finish, and the SFT weights are kept,
+so a killed run resumes at the stage it was in (the RL stage from its own checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from turngym.trainers.archer import ArcherConfig, ArcherTrainer
+from turngym.trainers.config import knob
+from turngym.trainers.logger import MetricsLogger, plot_learning_curve
+from turngym.trainers.pg import ALGOS, PGConfig, PGTrainer
+from turngym.trainers.sft import SFTConfig, sft
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation between stages."""
+
+    episodes: int = knob(20, "held-out episodes per evaluation")
+    split: str = knob("test", "the held-out split")
+    zero_shot: bool = knob(True, "evaluate before any training")
+    max_new_tokens: int = knob(48, "length cap per utterance")
+    num_envs: int = knob(20, "episodes in flight")
+
+
+@dataclass
+class TrainConfig:
+    """``turngym train``: its defaults are the quickstart (embedded model, SFT, ArCHer, TextWorld-easy)."""
+
+    model: str = knob("default", "policy: default (embedded SmolLM2-135M) | hf:PATH")
+    algo: str = knob("archer", "archer | grpo | gigpo | rloo | reinforce")
+    env_id: str = knob("turngym/TextWorld-easy-v0", "environment to train on")
+    env_kwargs: dict = knob({}, "env constructor overrides, for training and evaluation")
+    train_split: str = knob("train", "split the trainers play")
+    output_dir: str = knob("runs/quickstart", "checkpoints, metrics, plots, summary.json")
+    seed: int = knob(0, "global seed")
+    threads: int = knob(0, "torch CPU threads (0 = torch's default)")
+    sft: SFTConfig = knob(None, "SFT warm start")
+    archer: ArcherConfig = knob(None, "ArCHer (algo=archer)")
+    pg: PGConfig = knob(None, "critic-free trainers (algo=grpo|gigpo|rloo|reinforce)")
+    eval: EvalConfig = knob(None, "held-out evaluation")
+
+    def __post_init__(self) -> None:
+        self.sft = self.sft or SFTConfig()
+        self.archer = self.archer or ArcherConfig()
+        self.pg = self.pg or PGConfig()
+        self.eval = self.eval or EvalConfig()
+        if self.algo != "archer" and self.algo not in ALGOS:
+            raise ValueError(f"algo must be archer or one of {ALGOS}, got {self.algo!r}")
+        if self.algo in ALGOS and self.pg.algo != self.algo:
+            self.pg = PGConfig(**{**asdict(self.pg), "algo": self.algo})
+
+
+def load_policy(spec: str) -> Any:
+    """An HF policy for training from an agent spec (``default`` or ``hf:PATH``).
+
+    Raises:
+        ValueError: the spec names a policy that cannot be trained here (scripted, HTTP).
+    """
+    from turngym.agents import make_agent
+
+    policy = make_agent(spec)
+    if not hasattr(policy, "model") or not hasattr(policy, "chat"):
+        raise ValueError(f"agent {spec!r} has no trainable model; use 'default' or 'hf:PATH'")
+    return policy
+
+
+def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str) -> dict:
+    from turngym.agents.base import SamplingParams
+    from turngym.bench.evaluate import evaluate
+
+    policy.invalidate_caches()
+    res = evaluate(cfg.env_id, policy, agent_name=f"{cfg.model}@{tag}", episodes=cfg.eval.episodes,
+                   seed=10_000 + cfg.seed, env_kwargs={**cfg.env_kwargs, "split": cfg.eval.split},
+                   sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed),
+                   num_envs=cfg.eval.num_envs, progress=False)
+    res.save(Path(cfg.output_dir) / f"eval_{tag}.json")
+    return res.summary
+
+
+class _Stages:
+    """``stages.json``: which stages finished, with their results."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / "stages.json"
+        self.data = json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def done(self, name: str) -> bool:
+        return name in self.data
+
+    def finish(self, name: str, result: Any) -> None:
+        self.data[name] = result
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2))
+        tmp.replace(self.path)
+
+
+def run(cfg: TrainConfig, progress: bool = True) -> dict:
+    """Run (or resume) the whole path; returns ``summary.json``'s content."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    stages = _Stages(out)
+    t0 = time.perf_counter()
+    policy = load_policy(cfg.model)
+    say = print if progress else (lambda *a, **k: None)
+    train_kwargs = {**cfg.env_kwargs, "split": cfg.train_split}
+
+    if cfg.eval.zero_shot and not stages.done("eval_zero_shot"):
+        stages.finish("eval_zero_shot", evaluate_policy(policy, cfg, "zero_shot"))
+        say(_line("zero-shot", stages.data["eval_zero_shot"]))
+
+    sft_weights = out / "sft_model.pt"
+    if cfg.sft.enabled:
+        if not stages.done("sft"):
+            result = sft(policy, cfg.env_id, cfg.sft, env_kwargs=train_kwargs, progress=progress)
+            torch.save(policy.model.state_dict(), sft_weights)
+            stages.finish("sft", result)
+        else:
+            policy.model.load_state_dict(torch.load(sft_weights, map_location="cpu"))
+            policy.invalidate_caches()
+        if not stages.done("eval_sft"):
+            stages.finish("eval_sft", evaluate_policy(policy, cfg, "sft"))
+            say(_line("after SFT", stages.data["eval_sft"]))
+
+    rl_cfg = cfg.archer if cfg.algo == "archer" else cfg.pg
+    if rl_cfg.iterations > 0 and not stages.done("rl"):
+        trainer_cls = ArcherTrainer if cfg.algo == "archer" else PGTrainer
+        trainer = trainer_cls(policy, cfg.env_id, rl_cfg, env_kwargs=train_kwargs, out_dir=out / cfg.algo)
+        logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=(out / cfg.algo / "checkpoint").exists())
+        trainer.train(logger=logger, progress=progress)
+        logger.close()
+        stages.finish("rl", {"iterations": trainer.iteration, "env_steps": trainer.env_steps})
+        stages.finish("eval_final", evaluate_policy(policy, cfg, "final"))
+        say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
+    elif rl_cfg.iterations > 0:
+        say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
+
+    summary = {
+        "env_id": cfg.env_id, "model": cfg.model, "algo": cfg.algo, "held_out_split": cfg.eval.split,
+        "held_out_episodes": cfg.eval.episodes,
+        "success": {k.removeprefix("eval_"): v["success"] for k, v in stages.data.items() if k.startswith("eval_")},
+        "wall_s_this_run": time.perf_counter() - t0,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    _stage_plot(stages.data, out / "stages.png", cfg)
+    return summary
+
+
+def _line(tag: str, s: dict) -> str:
+    lo, hi = s["success_ci95"]
+    return f"[{tag}] held-out success {s['success']:.1%} (95% CI {lo:.1%}-{hi:.1%}), invalid actions {s['invalid_action_rate']:.1%}"
+
+
+def _stage_plot(data: dict, path: Path, cfg: TrainConfig) -> None:
+    rows = [{"step": i, "stage": k, "held_out_success": v["success"]} for i, (k, v) in enumerate(
+        (k, v) for k, v in data.items() if k.startswith("eval_"))]
+    if rows:
+        plot_learning_curve(rows, path, keys=("held_out_success",), x_key="step",
+                            title=f"{cfg.env_id}: zero-shot -> SFT -> {cfg.algo}")

@@ -1,0 +1,175 @@
+"""Trajectories to padded token batches, and the forward pass that scores them.
+
+Because turn k's prompt ids are a prefix of turn k+1's (see ``turngym.agents.chat``), a whole
+episode is ONE training sequence: a single forward over it scores every action token of every
+turn. ``pack_turns`` splits an episode into several sequences only where that property breaks.
+
+The forward applies the LM head only at action positions: full-vocabulary logits for every token
+of a long episode would cost gigabytes and buy nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from turngym.agents.chat import pack_turns
+from turngym.types import Trajectory
+
+
+@dataclass
+class PackedBatch:
+    """Episodes as padded sequences.
+
+    Attributes:
+        input_ids: ``(B, T)`` right-padded.
+        attention_mask: ``(B, T)``.
+        score_mask: ``(B, T)`` bool; True at position p when token p+1 is a policy token
+            (the hidden state at p predicts it).
+        targets: ``(B, T)`` the token each scored position predicts (``input_ids`` shifted left).
+        old_logprobs: ``(M,)`` recorded sampling log-probs of the scored tokens, in mask order.
+        token_turn: ``(M,)`` flat turn index of each scored token.
+        state_pos, action_pos: ``(N, 2)`` ``(row, position)`` of each turn's last prompt token and
+            last action token (critic features are read there).
+        turn_refs: ``(trajectory index, turn index)`` of each flat turn.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    score_mask: torch.Tensor
+    targets: torch.Tensor
+    old_logprobs: torch.Tensor
+    token_turn: torch.Tensor
+    state_pos: torch.Tensor
+    action_pos: torch.Tensor
+    turn_refs: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.score_mask.sum())
+
+    def select_rows(self, rows: list[int]) -> tuple[PackedBatch, torch.Tensor]:
+        """The sub-batch of some rows (for minibatches), turn indices renumbered, and the
+        ``(M,)`` bool mask of this batch's scored tokens that it keeps (to slice per-token arrays)."""
+        keep_turn = torch.isin(self.state_pos[:, 0], torch.tensor(rows))
+        old_turn_ids = torch.nonzero(keep_turn).squeeze(-1)
+        remap = torch.full((len(self.turn_refs),), -1, dtype=torch.long)
+        remap[old_turn_ids] = torch.arange(len(old_turn_ids))
+        row_map = torch.full((self.input_ids.shape[0],), -1, dtype=torch.long)
+        row_map[torch.tensor(rows)] = torch.arange(len(rows))
+        tok_row = torch.nonzero(self.score_mask)[:, 0]
+        keep_tok = torch.isin(tok_row, torch.tensor(rows))
+        width = int(self.attention_mask[rows].sum(dim=1).max())
+
+        def repos(pos: torch.Tensor) -> torch.Tensor:
+            p = pos[keep_turn].clone()
+            p[:, 0] = row_map[p[:, 0]]
+            return p
+
+        sub = PackedBatch(
+            input_ids=self.input_ids[rows, :width],
+            attention_mask=self.attention_mask[rows, :width],
+            score_mask=self.score_mask[rows, :width],
+            targets=self.targets[rows, :width],
+            old_logprobs=self.old_logprobs[keep_tok],
+            token_turn=remap[self.token_turn[keep_tok]],
+            state_pos=repos(self.state_pos),
+            action_pos=repos(self.action_pos),
+            turn_refs=[r for r, k in zip(self.turn_refs, keep_turn.tolist()) if k],
+        )
+        return sub, keep_tok
+
+
+def pack_batch(trajectories: list[Trajectory], pad_id: int) -> PackedBatch:
+    """Pack every turn that carries token ids; turns without tokens (scripted agents) are skipped.
+
+    Raises:
+        ValueError: no turn in ``trajectories`` has token ids.
+    """
+    rows: list[tuple[list[int], list[int], list[float]]] = []
+    spans: list[tuple[int, int, int, int, int]] = []  # (traj, turn, row, start, end)
+    for ti, traj in enumerate(trajectories):
+        for seg in pack_turns(traj.turns):
+            r = len(rows)
+            rows.append((seg.ids, seg.loss_mask, seg.logprobs))
+            spans += [(ti, k, r, s, e) for k, s, e in seg.turn_spans]
+    if not rows:
+        raise ValueError("no turn has token ids: was the policy an LLM policy that records tokens?")
+    width = max(len(ids) for ids, _, _ in rows)
+    B = len(rows)
+    input_ids = torch.full((B, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, width), dtype=torch.long)
+    policy_tok = torch.zeros((B, width), dtype=torch.bool)
+    lp = torch.zeros((B, width), dtype=torch.float32)
+    turn_of = torch.full((B, width), -1, dtype=torch.long)
+    for r, (ids, mask, logprobs) in enumerate(rows):
+        n = len(ids)
+        input_ids[r, :n] = torch.tensor(ids)
+        attention[r, :n] = 1
+        policy_tok[r, :n] = torch.tensor(mask, dtype=torch.bool)
+        lp[r, :n] = torch.tensor(logprobs, dtype=torch.float32)
+    state_pos, action_pos = [], []
+    for flat, (ti, k, r, s, e) in enumerate(spans):
+        turn_of[r, s:e] = flat
+        state_pos.append((r, s - 1))
+        action_pos.append((r, e - 1))
+    # position p scores token p+1: shift the token-level masks left by one
+    score_mask = torch.zeros_like(policy_tok)
+    score_mask[:, :-1] = policy_tok[:, 1:]
+    targets = torch.zeros_like(input_ids)
+    targets[:, :-1] = input_ids[:, 1:]
+    shifted_lp = torch.zeros_like(lp)
+    shifted_lp[:, :-1] = lp[:, 1:]
+    shifted_turn = torch.full_like(turn_of, -1)
+    shifted_turn[:, :-1] = turn_of[:, 1:]
+    return PackedBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        score_mask=score_mask,
+        targets=targets,
+        old_logprobs=shifted_lp[score_mask],
+        token_turn=shifted_turn[score_mask],
+        state_pos=torch.tensor(state_pos, dtype=torch.long).reshape(-1, 2),
+        action_pos=torch.tensor(action_pos, dtype=torch.long).reshape(-1, 2),
+        turn_refs=[(ti, k) for ti, k, *_ in spans],
+    )
+
+
+@dataclass
+class ScoredBatch:
+    """What one forward gives: per scored token ``(M,)`` log-probs and entropies, and optionally
+    the final hidden states ``(B, T, H)`` (critic features)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+
+def _backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
+    return core.base_model, core.get_output_embeddings()
+
+
+def score(model: torch.nn.Module, batch: PackedBatch, *, entropy: bool = False, hidden: bool = False) -> ScoredBatch:
+    """Log-probs of the policy tokens under ``model``, from one forward over each sequence.
+
+    ``logits = lm_head(last_hidden_state)`` is evaluated only where ``score_mask`` is set. This
+    matches the model's own logits for decoder LMs whose head is a plain projection (Llama,
+    Qwen2, SmolLM, Mistral...); ``tests/test_trainer_sequences.py`` checks it against ``model(...)``.
+    """
+    backbone, head = _backbone_and_head(model)
+    device = next(model.parameters()).device
+    out = backbone(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=batch.attention_mask.to(device),
+        use_cache=False,
+    )
+    h = out.last_hidden_state
+    mask = batch.score_mask.to(device)
+    logits = head(h[mask]).float()  # (M, V)
+    logp_all = F.log_softmax(logits, dim=-1)
+    logprobs = logp_all.gather(-1, batch.targets.to(device)[mask][:, None]).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
+    return ScoredBatch(logprobs=logprobs, entropy=ent, hidden=h if hidden else None)
