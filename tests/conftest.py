@@ -13,6 +13,8 @@ sys.path.insert(0, str(TESTS))  # so entry points like "toy_envs:GuessEnv" resol
 
 import toy_envs  # noqa: E402,F401  (registers tests/Guess-v0)
 
+pytest_plugins = ["fixtures_model"]
+
 SHARED_DATA = TESTS.parent.parent / "shared" / "data"
 
 

