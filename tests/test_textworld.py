@@ -134,6 +134,7 @@ def test_oracle_wins_every_game(tw_root, level):
             obs, reward, terminated, truncated, info = env.step(info["oracle_action"])
             total, turns = total + reward, turns + 1
             assert info["action_valid"], obs
+            json.dumps(info)  # infos cross process boundaries and land in trajectory files
             if terminated or truncated:
                 break
         assert terminated and not truncated and info["won"] and not info["lost"]

@@ -20,6 +20,7 @@ from turngym.tools.base import Tool
 from turngym.tools.formats import ParsedAction
 from turngym.types import Message, ToolCall, ToolResult
 
+_MAX_FACT_CODES = 200_000
 MAX_COMMAND_CHARS = 200  # the story file's input buffer is smaller; longer text is never a command
 
 SYSTEM_PROMPT = (
@@ -46,9 +47,10 @@ _META_VERBS = frozenset(
     "save restore restart quit q undo script unscript noscript transcript verify version".split()
 )
 _CLAUSES = re.compile(r"[.,;!?]|\bthen\b")
-_STATUS_LINE = re.compile(r"\n>[^\n]*\Z")  # the prompt plus the status line the interpreter appends
 _END_PROMPT = "Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?"
 _BANNER = re.compile(r"^[ _|$\\/<>]*$")
+_AROUND_NEWLINE = re.compile(r"[ \t]*\n[ \t]*")
+_BLANK_LINES = re.compile(r"\n{3,}")
 
 
 def clean_feedback(text: str, objective: str | None = None) -> str:
@@ -61,14 +63,21 @@ def clean_feedback(text: str, objective: str | None = None) -> str:
     Returns:
         Plain text with at most one blank line between paragraphs.
     """
-    text = _STATUS_LINE.sub("", text).replace(_END_PROMPT, "")
-    if objective and (start := text.find(objective)) > 0:
-        text = text[start:]
-    lines = [ln.strip() for ln in text.split("\n")]
-    if objective is not None:  # an intro without the objective in it: drop the banner's lines
-        while lines and _BANNER.match(lines[0]):
-            lines.pop(0)
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+    prompt = text.rfind("\n>")  # the interpreter's prompt, then its status line, end the text
+    if prompt >= 0 and "\n" not in text[prompt + 2 :]:
+        text = text[:prompt]
+    if "***" in text:
+        text = text.replace(_END_PROMPT, "")
+    if objective is not None:
+        start = text.find(objective) if objective else -1
+        if start > 0:
+            text = text[start:]
+        else:  # an intro without the objective in it: drop the banner's lines
+            lines = text.split("\n")
+            while lines and _BANNER.match(lines[0]):
+                lines.pop(0)
+            text = "\n".join(lines)
+    return _BLANK_LINES.sub("\n\n", _AROUND_NEWLINE.sub("\n", text)).strip()
 
 
 def normalize_command(command: str) -> str:
@@ -133,6 +142,9 @@ class TextWorldEnv(TextEnv):
         self._tw = None
         self._loaded: str | None = None
         self._fact_codes: dict[Any, int] = {}
+        self._record: GameRecord | None = None
+        self._gs: dict = {}
+        self._score, self._won, self._lost, self._key = 0, False, False, ""
 
     # ----- engine ---------------------------------------------------------------------------
     def request_infos(self):
@@ -152,7 +164,8 @@ class TextWorldEnv(TextEnv):
                 # games; TextWorld tracks score and state itself, so nothing is lost.
                 warnings.filterwarnings("ignore", message=".*not fully supported")
                 self._load(path)
-            self._fact_codes.clear()  # codes are per game; keep the memo small
+            if len(self._fact_codes) > _MAX_FACT_CODES:  # shared across games; keep it bounded
+                self._fact_codes.clear()
         self._loaded = path
         return self._tw.reset()
 
@@ -171,8 +184,8 @@ class TextWorldEnv(TextEnv):
         self._key = self._facts_key(gs.get("facts") or ())
 
     def _facts_key(self, facts) -> str:
-        # An order-free hash of the fact set: each fact's stable 64-bit digest, summed. Facts are
-        # memoised per game, so a step costs a few dict lookups instead of hashing text.
+        # An order-free hash of the fact set: each fact's stable 64-bit digest, summed. Digests are
+        # memoised, so a step costs a few dict lookups instead of hashing text.
         codes, total = self._fact_codes, 0
         for f in facts:
             c = codes.get(f)
@@ -200,6 +213,7 @@ class TextWorldEnv(TextEnv):
         self._observe(gs)
         self._turn_score, self._turn_won = self._score, False
         self._wt_pos, self._on_path, self._rejected = 0, True, False
+        self._plan = [normalize_command(c) for c in self._record.walkthrough]
         intro = clean_feedback(gs["feedback"], self._record.objective)
         how = _HOW["text"] if self.format.name == "text" else _HOW["default"]
         return [Message("system", SYSTEM_PROMPT.format(how=how)), Message("user", self._with_admissible(intro))]
@@ -225,8 +239,7 @@ class TextWorldEnv(TextEnv):
         # own commands leave the world unchanged (look, examine, a rejected command).
         if not self._on_path:
             return
-        wt = self._record.walkthrough
-        if self._wt_pos < len(wt) and cmd == normalize_command(wt[self._wt_pos]):
+        if self._wt_pos < len(self._plan) and cmd == self._plan[self._wt_pos]:
             self._wt_pos += 1
         elif self._key != key_before:
             self._on_path = False

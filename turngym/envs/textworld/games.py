@@ -99,8 +99,8 @@ SUITES: dict[str, Suite] = {
     # and one-room-recipe cooking games over 6 rooms: about 10 moves.
     "medium": Suite(
         "medium",
-        (_treasure(14), _cooking(1, 1, 6), _treasure(17), _cooking(2, 2, 6), _treasure(20)),
-        min_moves=5, max_moves=14, max_turns=30,
+        (_treasure(16), _cooking(1, 1, 6), _treasure(18), _cooking(2, 2, 6), _treasure(20)),
+        min_moves=6, max_moves=14, max_turns=30,
         default_games={"train": 64, "test": 32},
     ),
     # Cooking with 9-12 rooms, 2-3 ingredients to find, cook and cut.
