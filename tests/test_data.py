@@ -26,6 +26,7 @@ class _Server:
 
     def __init__(self):
         self.files: dict[str, bytes] = {"/f.bin": PAYLOAD}
+        self.types: dict[str, str] = {}
         self.ranges: list[str | None] = []
         self.ignore_range = False
         self.cut_first = 0  # close the connection after this many bytes, once
@@ -61,6 +62,8 @@ class _Server:
                 else:
                     self.send_response(200)
                 body = data[start:]
+                if self.path in outer.types:
+                    self.send_header("Content-Type", outer.types[self.path])
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if outer.cut_first:
@@ -142,6 +145,35 @@ def test_5xx_retries_then_fails_and_4xx_fails_fast(server, tmp_path):
         fetch(server.url + "/missing", tmp_path / "y", retries=2, backoff_s=0.01)
 
 
+def test_html_page_instead_of_the_file_is_refused(server, tmp_path):
+    server.files["/big.zip"] = b"<html>Google Drive can't scan this file for viruses</html>"
+    server.types["/big.zip"] = "text/html; charset=utf-8"
+    with pytest.raises(DownloadError, match="web page"):
+        fetch(server.url + "/big.zip", tmp_path / "big.zip", retries=0)
+
+
+def test_archive_dataset_is_extracted_and_a_bad_archive_is_never_pinned(server, tmp_path):
+    buf = tmp_path / "a.zip"
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("pkg-123/python_programs/x.py", "print(2)")
+    server.files["/a.zip"] = buf.read_bytes()
+    server.files["/junk.zip"] = b"this is not an archive"
+    register_dataset(Dataset("toyzip", "toy", (RemoteFile(server.url + "/a.zip", "a.zip", extract=True),),
+                             ("python_programs",), prepare=flatten_single_subdir))
+    register_dataset(Dataset("toyjunk", "toy", (RemoteFile(server.url + "/junk.zip", "junk.zip", extract=True),), ("x",)))
+    try:
+        folder = download("toyzip", log=lambda m: None)
+        assert (folder / "python_programs" / "x.py").read_text() == "print(2)" and not (folder / "a.zip").exists()
+        assert dataset_path("toyzip") == folder
+        with pytest.raises(ValueError, match="neither a zip nor a tar"):
+            download("toyjunk", log=lambda m: None)
+        pins = load_pins()
+        assert server.url + "/a.zip" in pins and server.url + "/junk.zip" not in pins
+    finally:
+        DATASETS.pop("toyzip", None)
+        DATASETS.pop("toyjunk", None)
+
+
 def _toy_dataset(server, name="toyds", sha=None):
     return register_dataset(Dataset(name, "toy", (RemoteFile(server.url + "/f.bin", "f.bin", sha),), ("f.bin",)))
 
@@ -196,6 +228,7 @@ def test_resolution_order_and_errors(tmp_path, monkeypatch):
         dataset_path("no-such-dataset")
 
 
+@pytest.mark.data
 def test_shared_data_layout_is_a_valid_local_copy(shared_data):
     for name in ("spider", "hotpotqa", "lmrl", "alfworld", "quixbugs"):
         assert dataset_path(name, data_dir=shared_data) == shared_data / name

@@ -143,6 +143,7 @@ def test_wordle_rules_and_reward():
     assert term and r == pytest.approx(1.1)
 
 
+@pytest.mark.data
 def test_wordle_official_lists(shared_data):
     env = WordleEnv(words="lmrl", data_dir=str(shared_data), scripted_hints=True)
     assert len(env.answers) == 2315 and len(env.allowed) >= 12972
@@ -208,6 +209,7 @@ def test_model_answerer_plugs_in(tiny_model):
     assert lmrl_env.unwrapped.answerer is not None
 
 
+@pytest.mark.data
 def test_lmrl_object_and_city_lists(shared_data, tiny_model):
     from turngym.agents.hf import HFPolicy
 

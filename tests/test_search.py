@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import json
 import threading
 import time
@@ -16,6 +17,8 @@ from turngym.envs.search.backends import BM25Backend, HTTPBackend, SearchError
 from turngym.envs.search.corpus import synthetic_suite
 from turngym.envs.search.qa import exact_match, f1_score, normalize_answer
 from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+
+needs_bm25 = pytest.mark.skipif(importlib.util.find_spec("bm25s") is None, reason="bm25s not installed (pip install 'turngym[search]')")
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +49,7 @@ def test_synthetic_questions_need_two_pages():
         assert t.answer not in pages[t.gold_titles[0]], t  # the first page alone does not answer it
 
 
+@needs_bm25
 def test_bm25_index_is_cached_on_disk(tmp_path):
     suite = synthetic_suite(0)
     a = BM25Backend(suite.docs, "k1", cache_dir=tmp_path)
@@ -64,6 +68,7 @@ def _success(env_id, agent, ids, **kw):
     return sum(t.outcome for t in trajs) / len(trajs), trajs
 
 
+@needs_bm25
 @pytest.mark.parametrize("fmt", ["xml", "hermes", "openai", "text"])
 def test_oracle_solves_synthetic_suite_and_random_does_not(fmt):
     ids = turngym.make("turngym/Search-synthetic-v0", split="all").unwrapped.task_ids
@@ -76,6 +81,7 @@ def test_oracle_solves_synthetic_suite_and_random_does_not(fmt):
         assert names.count("open") >= 2 and names[-1] == "answer"
 
 
+@needs_bm25
 def test_env_basics():
     env = turngym.make("turngym/Search-synthetic-v0", reward="f1").unwrapped
     te = turngym.make("turngym/Search-synthetic-v0", split="test").unwrapped
@@ -203,6 +209,8 @@ def test_http_retries_then_succeeds_and_rate_limit(stub):
 
 
 # ----- HotpotQA ----------------------------------------------------------------------------------
+@needs_bm25
+@pytest.mark.data
 def test_hotpotqa_oracle_gets_em_1(shared_data):
     kw = {"split": "all", "data_dir": str(shared_data)}
     env = turngym.make("turngym/Search-hotpotqa-v0", **kw).unwrapped

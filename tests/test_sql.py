@@ -173,6 +173,7 @@ def test_oracle_solves_synthetic_suite_and_random_does_not(fmt):
 
 
 # ----- Spider ------------------------------------------------------------------------------------
+@pytest.mark.data
 def test_spider_builds_all_databases_and_oracle_is_perfect(shared_data):
     from turngym.envs.sql.spider import load_spider
 
@@ -188,6 +189,7 @@ def test_spider_builds_all_databases_and_oracle_is_perfect(shared_data):
     assert _success("turngym/SQL-spider-v0", OracleAgent(), ids, **env_kw) == 1.0
 
 
+@pytest.mark.data
 def test_spider_split_is_by_database(shared_data):
     tr = turngym.make("turngym/SQL-spider-v0", data_dir=str(shared_data), split="train").unwrapped
     te = turngym.make("turngym/SQL-spider-v0", data_dir=str(shared_data), split="test").unwrapped

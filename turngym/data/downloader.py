@@ -116,6 +116,9 @@ def _fetch_once(client: httpx.Client, url: str, part: Path) -> None:
             raise _Retryable(f"HTTP {r.status_code}")
         if r.status_code >= 400:
             raise DownloadError(f"HTTP {r.status_code} for {url}")
+        if r.headers.get("content-type", "").startswith("text/html") and not url.endswith((".html", ".htm")):
+            # file hosts answer quota or login problems with a web page; never save (or pin) that
+            raise DownloadError(f"{url} returned a web page instead of the file (a quota, login or moved-file page?)")
         mode = "ab"
         if r.status_code == 206:
             start = _range_start(r.headers.get("content-range", ""))
@@ -205,17 +208,14 @@ def download(
     folder.mkdir(parents=True, exist_ok=True)
     stamp.unlink(missing_ok=True)
     pins = load_pins()
+    new_pins: dict[str, str] = {}
     for f in ds.files:
         expected = f.sha256 or pins.get(f.url)
         dest = folder / f.filename
         log(f"{name}: fetching {f.url}")
         digest = fetch(f.url, dest, expected, client=client, retries=retries)
-        if f.sha256 is None and f.url not in pins:
-            save_pin(f.url, digest)
-            log(
-                f"{name}: no published SHA-256 is recorded in turngym for {f.filename}; pinned "
-                f"sha256={digest} in {pins_path()} (later downloads must match it)"
-            )
+        if expected is None:
+            new_pins[f.url] = digest
         else:
             log(f"{name}: {f.filename} sha256 ok")
         if f.extract:
@@ -223,6 +223,10 @@ def download(
             dest.unlink()
     if ds.prepare is not None:
         ds.prepare(folder)
+    for url, digest in new_pins.items():  # pinned only once the whole dataset unpacked and prepared
+        save_pin(url, digest)
+        log(f"{name}: no published SHA-256 is recorded in turngym for {url}; pinned sha256={digest} in "
+            f"{pins_path()} (later downloads must match it)")
     stamp.write_text("ok\n")
     return folder
 

@@ -91,10 +91,6 @@ def lmrl_cities(data_dir: str | None = None) -> list[Entity]:
     return out
 
 
-def _say(fn):
-    return fn
-
-
 class GuessMyCityEnv(QuestionGameEnv):
     """Guess My City: find the secret city by asking questions about it."""
 

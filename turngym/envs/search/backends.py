@@ -67,8 +67,10 @@ class BM25Backend:
         self.retriever = self._index()
 
     def _index(self):
-        import bm25s
-
+        try:
+            import bm25s
+        except ImportError:
+            raise ImportError("the BM25 search backend needs bm25s: pip install 'turngym[search]'") from None
         if self.key in self._memo:
             return self._memo[self.key]
         folder = self.cache_dir / self.key
