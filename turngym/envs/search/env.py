@@ -89,6 +89,7 @@ class SearchEnv(TextEnv):
         self._task: QATask | None = None
         self._searched: set[str] = set()  # titles seen in search results
         self._queries: set[str] = set()
+        self._missing: set[str] = set()  # pages that open could not find
         self._opened: set[str] = set()
         self._answer: str | None = None
         self._em = self._f1 = 0.0
@@ -131,6 +132,7 @@ class SearchEnv(TextEnv):
             """
             doc = self.backend.get(title_or_id.strip().strip("[]"))
             if doc is None:
+                self._missing.add(title_or_id.strip())
                 raise SearchError(f"no page titled {title_or_id!r}; use a title or id from the search results")
             self._opened.add(doc.title)
             return f"{doc.title}\n{doc.text}"
@@ -144,6 +146,7 @@ class SearchEnv(TextEnv):
             raise KeyError(f"unknown task {task_id!r} for search suite {self.suite_name!r} split {self.split!r}")
         self._task = self.tasks[task_id]
         self._searched, self._queries, self._opened, self._answer = set(), set(), set(), None
+        self._missing = set()
         self._em = self._f1 = 0.0
         system = SYSTEM_PROMPT.format(tools=self.format.render_tools(self.tools.specs))
         return [Message("system", system), Message("user", f"Question: {self._task.question}")]
@@ -171,6 +174,8 @@ class SearchEnv(TextEnv):
             return None
         if self.format.name != "text":  # the text format can only answer
             for title in t.gold_titles:
+                if title in self._missing:  # not in this corpus (e.g. retrieved, not gold, paragraphs)
+                    continue
                 searched = title in self._searched or title.lower() in self._queries
                 if not searched and title not in self._opened:
                     return self.format.render_call(ToolCall("oracle", "search", {"query": title}))

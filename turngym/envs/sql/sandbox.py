@@ -80,6 +80,8 @@ class ReadOnlyDB:
             SQLError: any failure, with a message fit for the agent.
         """
         limit = self.max_rows if limit is None else limit
+        if not sql.strip():
+            raise SQLError("the query is empty")
         self._deadline = time.monotonic() + self.timeout_s
         try:
             cur = self.conn.execute(sql)
