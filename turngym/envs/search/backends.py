@@ -13,6 +13,8 @@ HTTP protocol (for your own service):
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -80,12 +82,12 @@ class BM25Backend:
             tokens = bm25s.tokenize([f"{d.title}. {d.text}" for d in self.docs], stopwords="en", show_progress=False)
             retriever = bm25s.BM25()
             retriever.index(tokens, show_progress=False)
-            tmp = folder.with_name(folder.name + ".tmp")
+            tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
             retriever.save(str(tmp), show_progress=False)
             try:
                 tmp.replace(folder)
             except OSError:  # another process saved it first
-                pass
+                shutil.rmtree(tmp, ignore_errors=True)
         self._memo[self.key] = retriever
         return retriever
 
