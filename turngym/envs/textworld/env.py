@@ -20,7 +20,7 @@ from turngym.tools.base import Tool
 from turngym.tools.formats import ParsedAction
 from turngym.types import Message, ToolCall, ToolResult
 
-_MAX_FACT_CODES = 200_000
+_MAX_FACT_CODES = 100_000
 MAX_COMMAND_CHARS = 200  # the story file's input buffer is smaller; longer text is never a command
 
 SYSTEM_PROMPT = (
@@ -49,8 +49,7 @@ _META_VERBS = frozenset(
 _CLAUSES = re.compile(r"[.,;!?]|\bthen\b")
 _END_PROMPT = "Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?"
 _BANNER = re.compile(r"^[ _|$\\/<>]*$")
-_AROUND_NEWLINE = re.compile(r"[ \t]*\n[ \t]*")
-_BLANK_LINES = re.compile(r"\n{3,}")
+_BLANK_LINES = re.compile(r"\n\s*\n\s*")  # starts with a literal, so the scan is fast
 
 
 def clean_feedback(text: str, objective: str | None = None) -> str:
@@ -61,7 +60,7 @@ def clean_feedback(text: str, objective: str | None = None) -> str:
         objective: The game's objective; the intro is cut to start there (dropping the banner).
 
     Returns:
-        Plain text with at most one blank line between paragraphs.
+        The text with every run of blank lines (and the indent after it) made one blank line.
     """
     prompt = text.rfind("\n>")  # the interpreter's prompt, then its status line, end the text
     if prompt >= 0 and "\n" not in text[prompt + 2 :]:
@@ -77,7 +76,7 @@ def clean_feedback(text: str, objective: str | None = None) -> str:
             while lines and _BANNER.match(lines[0]):
                 lines.pop(0)
             text = "\n".join(lines)
-    return _BLANK_LINES.sub("\n\n", _AROUND_NEWLINE.sub("\n", text)).strip()
+    return _BLANK_LINES.sub("\n\n", text).strip()
 
 
 def normalize_command(command: str) -> str:
@@ -93,10 +92,11 @@ def check_command(command: str) -> str | None:
         return "the command is empty; send a game command such as 'look'"
     if len(command) > MAX_COMMAND_CHARS:
         return f"the command is {len(command)} characters long; game commands are short (limit {MAX_COMMAND_CHARS})"
-    for clause in _CLAUSES.split(command):
-        words = clause.split()
-        if words and (words[0] in _META_VERBS or words[0].startswith("tw-")):
-            return f"'{words[0]}' is a game-system command and is disabled; send an in-game command"
+    clauses = _CLAUSES.split(command) if _CLAUSES.search(command) else (command,)
+    for clause in clauses:
+        verb = clause.split(None, 1)[0] if clause.strip() else ""
+        if verb in _META_VERBS or verb.startswith("tw-"):
+            return f"'{verb}' is a game-system command and is disabled; send an in-game command"
     return None
 
 
@@ -141,10 +141,12 @@ class TextWorldEnv(TextEnv):
         self._want_admissible = bool(self.scripted_hints or admissible_in_obs)
         self._tw = None
         self._loaded: str | None = None
-        self._fact_codes: dict[Any, int] = {}
+        self._fact_codes: dict[int, int] = {}
+        self._fact_refs: list[Any] = []
         self._record: GameRecord | None = None
         self._gs: dict = {}
-        self._score, self._won, self._lost, self._key = 0, False, False, ""
+        self._score, self._won, self._lost, self._key, self._game_code = 0, False, False, "", 0
+        self._moves: int | None = None
 
     # ----- engine ---------------------------------------------------------------------------
     def request_infos(self):
@@ -152,7 +154,7 @@ class TextWorldEnv(TextEnv):
         from textworld import EnvInfos
 
         return EnvInfos(
-            score=True, won=True, lost=True, facts=True,
+            score=True, won=True, lost=True, facts=True, moves=True,
             admissible_commands=self._want_admissible, policy_commands=self.scripted_hints,
         )
 
@@ -166,6 +168,7 @@ class TextWorldEnv(TextEnv):
                 self._load(path)
             if len(self._fact_codes) > _MAX_FACT_CODES:  # shared across games; keep it bounded
                 self._fact_codes.clear()
+                self._fact_refs.clear()
         self._loaded = path
         return self._tw.reset()
 
@@ -181,17 +184,31 @@ class TextWorldEnv(TextEnv):
         self._gs = gs
         self._score = int(gs.get("score") or 0)
         self._won, self._lost = bool(gs.get("won")), bool(gs.get("lost"))
-        self._key = self._facts_key(gs.get("facts") or ())
+        # "moves" counts the actions the state tracker applied: when it has not moved, the facts
+        # have not changed (look, examine, a rejected command) and the key stands.
+        moves = gs.get("moves")
+        if moves is None or moves != self._moves:
+            self._moves = moves
+            # "_facts" holds the tracker's own fact objects, which persist from step to step;
+            # "facts" (renamed copies, new each step) is the fallback.
+            facts = gs.get("_facts")
+            self._key = self._facts_key(facts if facts is not None else gs.get("facts") or ())
 
     def _facts_key(self, facts) -> str:
-        # An order-free hash of the fact set: each fact's stable 64-bit digest, summed. Digests are
-        # memoised, so a step costs a few dict lookups instead of hashing text.
-        codes, total = self._fact_codes, 0
-        for f in facts:
-            c = codes.get(f)
-            if c is None:
-                c = codes[f] = int.from_bytes(hashlib.blake2b(str(f).encode(), digest_size=8).digest(), "big")
-            total += c
+        # An order-free hash of the game and its fact set: stable 64-bit digests, summed. Fact
+        # objects carry a Python-level __hash__, slow in a dict; so digests are memoised by id(),
+        # and the memo keeps each fact alive, which keeps its id from being reused by another.
+        codes = self._fact_codes
+        try:
+            total = sum(map(codes.__getitem__, map(id, facts)), self._game_code)  # the common case, in C
+        except KeyError:
+            total = self._game_code
+            for f in facts:
+                c = codes.get(id(f))
+                if c is None:
+                    c = codes[id(f)] = int.from_bytes(hashlib.blake2b(str(f).encode(), digest_size=8).digest(), "big")
+                    self._fact_refs.append(f)
+                total += c
         return f"{total & 0xFFFFFFFFFFFFFFFF:016x}"
 
     # ----- TextEnv hooks --------------------------------------------------------------------
@@ -209,7 +226,9 @@ class TextWorldEnv(TextEnv):
 
     def _reset_task(self, task_id: str) -> list[Message]:
         self._record = self._by_id[task_id]
+        self._game_code = int(self._record.content_hash[:16], 16)  # keys of different games differ
         gs = self._start(self._record)
+        self._moves = None
         self._observe(gs)
         self._turn_score, self._turn_won = self._score, False
         self._wt_pos, self._on_path, self._rejected = 0, True, False
