@@ -155,6 +155,11 @@ class Sandbox(ABC):
         return self.config.workdir
 
     @property
+    def scratch_dir(self) -> str:
+        """A writable scratch directory outside the workdir (the sandbox's private ``/tmp``)."""
+        return "/tmp"
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -205,6 +210,23 @@ class Sandbox(ABC):
         if res.stdout_total > MAX_FILE_BYTES:
             raise SandboxError(f"{p} is larger than {MAX_FILE_BYTES} bytes")
         return res.stdout if binary else res.stdout.decode("utf-8", "replace")
+
+    def read_files(self, paths: list[str]) -> dict[str, str]:
+        """Several text files in one exec (relative paths are under the workdir); missing ones are left out."""
+        import io
+        import tarfile
+
+        if not paths:
+            return {}
+        script = 'for f in "$@"; do [ -f "$f" ] && printf "%s\\n" "$f"; done | tar -cf - -T -'
+        res = self._checked_run(["sh", "-c", script, "sh", *paths], 60.0, None, None, MAX_FILE_BYTES)
+        out = {}
+        with tarfile.open(fileobj=io.BytesIO(res.stdout), mode="r") as tar:
+            for m in tar.getmembers():
+                f = tar.extractfile(m)
+                if f is not None:
+                    out[m.name] = f.read().decode("utf-8", "replace")
+        return out
 
     def put_files(self, files: dict[str, str | bytes], dest: str | None = None) -> None:
         """Write many files at once (one tar stream) under ``dest`` (default: the workdir)."""

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 SUITE = "bookworm"
-PACKAGES = ("python3", "python3-pytest", "git", "procps")
+PACKAGES = ("python3", "python3-pytest", "python3-pytest-timeout", "git", "procps")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 SANDBOX_UID = 1000
 WORKDIR = "/workspace"
@@ -40,7 +40,7 @@ _TRIM = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/sh
 
 DOCKERFILE = f"""\
 FROM {{base}}
-RUN python3 -m pytest --version && git --version && id -u sandbox
+RUN python3 -m pytest --version && python3 -c "import pytest_timeout" && git --version && id -u sandbox
 USER {SANDBOX_UID}:{SANDBOX_UID}
 WORKDIR {WORKDIR}
 ENV HOME=/tmp PYTHONDONTWRITEBYTECODE=1 LANG=C.UTF-8 \\

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 
@@ -37,13 +38,22 @@ class LocalBackend(Sandbox):
             UnsafeSandboxWarning, stacklevel=2,
         )
         self._dir = tempfile.mkdtemp(prefix="turngym-local-")
+        self._tmp = os.path.join(self._dir, "tmp")
+        os.makedirs(os.path.join(self._dir, "workspace"))
+        os.makedirs(self._tmp)
         cfg = config or SandboxConfig()
-        super().__init__(SandboxConfig(**{**cfg.__dict__, "workdir": self._dir}))
-        self._env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self._dir, "LANG": "C.UTF-8",
+        super().__init__(SandboxConfig(**{**cfg.__dict__, "workdir": os.path.join(self._dir, "workspace")}))
+        # This interpreter's bin dir first, so `python3` is the one with turngym's test deps.
+        path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
+        self._env = {"PATH": path, "HOME": self._tmp, "TMPDIR": self._tmp, "LANG": "C.UTF-8",
                      "PYTHONDONTWRITEBYTECODE": "1", **self.config.env}
 
+    @property
+    def scratch_dir(self) -> str:
+        return self._tmp
+
     def _run(self, argv, timeout, stdin, max_output, cwd) -> RawResult:
-        r = _runner.run_capped(argv, cwd=cwd if os.path.isdir(cwd) else self._dir, env=self._env,
+        r = _runner.run_capped(argv, cwd=cwd if os.path.isdir(cwd) else self.workdir, env=self._env,
                                stdin=stdin, timeout=timeout, max_output=max_output)
         return RawResult(r["exit_code"], r["stdout"], r["stderr"], r["timed_out"], r["elapsed_s"],
                          r["stdout_total"], r["stderr_total"])

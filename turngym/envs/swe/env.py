@@ -1,0 +1,362 @@
+"""``SWEEnv``: fix a bug in a small Python repository inside a sandbox; hidden tests grade it.
+
+Each episode gets a fresh sandbox (a warm container on Docker) holding the repo at its buggy
+state, without git history and without the hidden tests. The agent works through ``bash``,
+``view_file``, ``edit_file`` and ``run_tests`` (visible tests only) and ends with ``submit``.
+Grading then kills whatever the agent left running, copies the repo's source files into a
+fresh directory, restores the original test support files, adds the hidden tests, and runs
+pytest there in one fresh exec. The outcome is 1 when every hidden test passes.
+
+Signals for G-RA / metrics in ``info``: ``file_modified`` (this step changed the repo),
+``visible_tests_passed`` (fraction, on steps that ran them), ``modified`` and ``submitted``
+(episode so far), ``won``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import shlex
+import tarfile
+from typing import Any
+
+from turngym.envs.base import StepOutcome, TextEnv
+from turngym.envs.swe.task import SWETask, apply_edit
+from turngym.tools.base import Tool
+from turngym.tools.sandbox import Sandbox, SandboxConfig, SandboxError, SandboxProvider
+from turngym.types import Message, ToolCall
+
+SYSTEM_PROMPT = (
+    "You are a software engineer fixing a bug in a Python repository (the current directory, {workdir}). "
+    "Inspect the code, edit files, and run the visible tests with the tools. There is no network. "
+    "When the bug is fixed, call submit: hidden tests then grade your fix and the episode ends."
+)
+_SUMMARY = re.compile(r"(\d+) (passed|failed|errors?)\b")
+_IGNORED = ("./.pytest_cache/*", "*/__pycache__/*")
+_MUTATIONS = {  # random single-token edits for the random-admissible baseline
+    "op": ["+", "-", "*", "//", "%", "<", "<=", ">", ">=", "==", "!="],
+    "num": ["0", "1", "2", "-1"],
+    "word": ["and", "or", "not", "min", "max", "True", "False"],
+}
+_TOKEN = re.compile(r"//|<=|>=|==|!=|[-+*%<>]|\b\d+\b|\b(?:and|or|not|min|max|True|False)\b")
+
+
+class SWEEnv(TextEnv):
+    """Fix a bug in a small Python repo in a sandbox; graded by hidden tests after submit."""
+
+    def __init__(
+        self,
+        suite: str = "synthetic",
+        split: str = "train",
+        n_tasks: int | None = None,
+        data_dir: str | None = None,
+        sandbox: str = "auto",
+        sandbox_config: SandboxConfig | None = None,
+        pool_size: int = 1,
+        command_timeout_s: float = 30.0,
+        test_timeout_s: float = 10.0,
+        grade_timeout_s: float = 120.0,
+        **kw: Any,
+    ) -> None:
+        """Args:
+            suite: ``synthetic`` (bundled, generated) or ``quixbugs`` (needs the data).
+            split: ``train`` / ``test`` (disjoint); QuixBugs also has ``all``.
+            n_tasks: Synthetic suite size for the split (default 45 train / 15 test).
+            data_dir: Local QuixBugs copy (default: ``$TURNGYM_DATA`` or the download cache).
+            sandbox: Backend: ``auto`` (Docker, else bubblewrap), ``docker``, ``bwrap`` or ``local``
+                (unsafe, unit tests only).
+            sandbox_config: Sandbox limits (default: ``SandboxConfig(timeout_s=command_timeout_s)``).
+            pool_size: Warm Docker containers kept ready for resets.
+            command_timeout_s: Limit for one ``bash`` command.
+            test_timeout_s: Limit for one test (pytest-timeout), visible and hidden.
+            grade_timeout_s: Limit for the whole grading run.
+        """
+        super().__init__(**kw)
+        self.suite, self.split = suite, split
+        self._tasks = _load_suite(suite, split, n_tasks, data_dir)
+        self.task_ids = list(self._tasks)
+        self.command_timeout_s, self.test_timeout_s, self.grade_timeout_s = command_timeout_s, test_timeout_s, grade_timeout_s
+        self._provider = SandboxProvider(sandbox, sandbox_config or SandboxConfig(timeout_s=command_timeout_s), pool_size)
+        self._sb: Sandbox | None = None
+        self._task: SWETask | None = None
+        self._reset_episode_state()
+
+    # ----- episode ---------------------------------------------------------------------------
+    def _reset_episode_state(self) -> None:
+        self._digest = self._orig_digest = ""
+        self._submitted = self._solved = self._modified = False
+        self._grade_report = ""
+        self._gold_done: set[int] = set()
+        self._step_tests: float | None = None
+
+    def _reset_task(self, task_id: str) -> list[Message]:
+        task = self._tasks.get(task_id)
+        if task is None:
+            raise KeyError(f"unknown task {task_id!r} in SWE {self.suite}/{self.split}")
+        if callable(task):  # built on first use
+            task = self._tasks[task_id] = task()
+        self._close_sandbox()
+        self._task = task
+        self._reset_episode_state()
+        self._sb = self._provider.new()
+        self._sb.put_files(task.files)
+        self._digest = self._orig_digest = self._repo_digest()
+        tree = "\n".join(sorted(task.files))
+        return [
+            Message("system", SYSTEM_PROMPT.format(workdir=self._sb.workdir)),
+            Message("user", f"{task.statement}\n\nRepository files:\n{tree}"),
+        ]
+
+    def _step_outcome(self, parsed, results) -> StepOutcome:
+        touched = any(c.name in ("bash", "edit_file") for c in parsed.calls)
+        file_modified = False
+        if touched and self._sb is not None and not self._sb.closed:
+            try:
+                digest = self._repo_digest()
+            except SandboxError:
+                digest = self._digest
+            file_modified = digest != self._digest
+            self._digest = digest
+            self._modified = digest != self._orig_digest
+        info = {
+            "file_modified": file_modified, "modified": self._modified, "submitted": self._submitted,
+            "visible_tests_passed": self._step_tests, "won": self._solved,
+        }
+        self._step_tests = None
+        msgs = [Message("user", self._grade_report)] if self._submitted else []
+        reward = float(self._solved) if self._submitted else 0.0
+        return StepOutcome(reward=reward, terminated=self._submitted, messages=msgs, info=info)
+
+    def outcome(self) -> float:
+        return float(self._solved)
+
+    def state_key(self) -> str:
+        return f"{self.task_id}:{self._digest[:16]}:{int(self._submitted)}"
+
+    def task_type(self, task_id: str) -> str:
+        task = self._tasks.get(task_id)
+        if callable(task):
+            task = self._tasks[task_id] = task()
+        return task.task_type if task is not None else "default"
+
+    def close(self) -> None:
+        self._close_sandbox()
+        self._provider.close()
+        super().close()
+
+    def _close_sandbox(self) -> None:
+        if self._sb is not None:
+            try:
+                self._sb.close()
+            except SandboxError:
+                pass
+            self._sb = None
+
+    # ----- tools -----------------------------------------------------------------------------
+    def _build_tools(self) -> list[Tool]:
+        def bash(command: str) -> str:
+            """Run a bash command in the repository root (no network). Returns the exit code and output.
+
+            Args:
+                command: the command line, e.g. "grep -rn foo ." or "python3 -c 'print(1)'"
+            """
+            return self._box().exec(["bash", "-c", command], timeout=self.command_timeout_s).observation(
+                self.command_timeout_s)
+
+        def view_file(path: str, start_line: int = 1, end_line: int = 0) -> str:
+            """Show a file with line numbers (or list a directory).
+
+            Args:
+                path: file path relative to the repository root
+                start_line: first line to show (1-based)
+                end_line: last line to show; 0 means the end of the file
+            """
+            return self._view(path, start_line, end_line)
+
+        def edit_file(path: str, old_str: str, new_str: str) -> str:
+            """Replace the one exact occurrence of old_str in a file with new_str.
+
+            Args:
+                path: file path relative to the repository root
+                old_str: the exact text to replace (must occur exactly once; include enough context)
+                new_str: the replacement text
+            """
+            return self._edit(path, old_str, new_str)
+
+        def run_tests() -> str:
+            """Run the visible tests and show pytest's report."""
+            return self._run_visible_tests()
+
+        def submit() -> str:
+            """Finish: hidden tests grade your changes and the episode ends."""
+            return self._submit()
+
+        return [Tool.from_function(f, timeout_s=None, max_output_chars=8000)
+                for f in (bash, view_file, edit_file, run_tests, submit)]
+
+    def _box(self) -> Sandbox:
+        if self._sb is None or self._sb.closed:
+            raise SandboxError("no sandbox: the episode has not started or the sandbox failed")
+        if self._submitted:
+            raise SandboxError("the fix was already submitted; the episode is over")
+        return self._sb
+
+    def _path(self, path: str) -> str:
+        box = self._box()
+        full = box.resolve(path)
+        if not (full + "/").startswith(box.workdir.rstrip("/") + "/"):
+            raise ValueError(f"{path!r} is outside the repository ({box.workdir})")
+        return full
+
+    def _view(self, path: str, start_line: int, end_line: int) -> str:
+        full = self._path(path)
+        box = self._box()
+        if box.exec(["test", "-d", full]).exit_code == 0:
+            res = box.exec(["find", full, "-maxdepth", "2", "-not", "-path", "*/__pycache__*"])
+            return res.observation()
+        text = box.read_file(full)
+        lines = text.splitlines()
+        first = max(1, start_line)
+        last = len(lines) if end_line <= 0 else min(end_line, len(lines))
+        if first > max(1, len(lines)):
+            return f"Error: {path} has {len(lines)} lines; start_line {start_line} is past the end."
+        body = "\n".join(f"{i:>5}  {lines[i - 1]}" for i in range(first, last + 1))
+        return f"{path} (lines {first}-{last} of {len(lines)})\n{body}"
+
+    def _edit(self, path: str, old: str, new: str) -> str:
+        full = self._path(path)
+        text = self._box().read_file(full)
+        if old == new:
+            return "Error: old_str and new_str are identical; nothing to change."
+        updated, why = apply_edit(text, old, new)
+        if updated is None:
+            raise ValueError(f"{path}: {why}")
+        self._box().write_file(full, updated)
+        rel = full[len(self._box().workdir) + 1:]
+        for k, e in enumerate(self._task.gold_edits):
+            if (e.path, e.old, e.new) == (rel, old, new):
+                self._gold_done.add(k)
+        line = text[: text.index(old)].count("\n") + 1
+        return f"Edited {path}: replaced {len(old.splitlines())} line(s) at line {line} with {len(new.splitlines())}."
+
+    def _pytest(self, extra: list[str]) -> list[str]:
+        return ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "timeout",
+                f"--timeout={self.test_timeout_s:g}", *extra]
+
+    def _run_visible_tests(self) -> str:
+        res = self._box().exec(self._pytest(["-rf", *self._task.visible_tests]), timeout=self.grade_timeout_s)
+        counts = {k: int(n) for n, k in _SUMMARY.findall(res.stdout.strip().splitlines()[-1] if res.stdout.strip() else "")}
+        passed = counts.get("passed", 0)
+        total = passed + counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+        self._step_tests = passed / total if total else 0.0
+        return res.observation(self.grade_timeout_s)
+
+    def _submit(self) -> str:
+        box = self._box()
+        self._solved, summary = grade(box, self._task, self.test_timeout_s, self.grade_timeout_s)
+        self._submitted = True
+        self._grade_report = f"Submitted. Hidden tests: {summary}"
+        return "Submitted for grading."
+
+    def _repo_digest(self) -> str:
+        """Hash of every file in the repo (caches excluded): detects any change, by any tool."""
+        box = self._sb
+        excludes = " ".join(f"! -path '{p}'" for p in _IGNORED)
+        res = box.exec(f"find . -type f {excludes} -print0 | sort -z | xargs -0 -r sha1sum", timeout=60,
+                       max_output=4 * 2**20)
+        if res.exit_code != 0:
+            raise SandboxError(f"cannot hash the repo: {res.stderr[:200]}")
+        return hashlib.sha1(res.stdout.encode()).hexdigest()
+
+    # ----- scripted hints --------------------------------------------------------------------
+    def oracle_action(self) -> str | None:
+        if self._task is None or self._submitted:
+            return None
+        for k, e in enumerate(self._task.gold_edits):
+            if k not in self._gold_done:
+                return self.format.render_call(ToolCall("oracle", "edit_file", {"path": e.path, "old_str": e.old, "new_str": e.new}))
+        return self.format.render_call(ToolCall("oracle", "submit", {}))
+
+    def admissible_actions(self) -> list[str] | None:
+        if self._task is None or self._submitted or self._sb is None or self._sb.closed:
+            return None
+        calls = [ToolCall("a", "run_tests", {}), ToolCall("a", "submit", {}), ToolCall("a", "bash", {"command": "ls -R"})]
+        sources = self._sb.read_files([p for p in self._task.source_files if p.endswith(".py")])
+        for path, text in sources.items():
+            calls.append(ToolCall("a", "view_file", {"path": path}))
+            calls += _random_edits(path, text, self.np_random, 4)
+        return [self.format.render_call(c) for c in calls]
+
+
+def grade(box: Sandbox, task: SWETask, test_timeout_s: float, timeout_s: float) -> tuple[bool, str]:
+    """Run the hidden tests on the agent's source files in a fresh directory, in one fresh exec.
+
+    Everything the agent left running is killed and its scratch dir is emptied first; the
+    original test support files are restored; pytest runs isolated (``python3 -I``, an explicit
+    ini file, rootdir and confcutdir), so planted conftest / ini / site files are not picked up.
+
+    Returns:
+        ``(all hidden tests passed, pytest's summary line)``.
+    """
+    box.kill_all()
+    box.exec(["find", box.scratch_dir, "-mindepth", "1", "-delete"], timeout=60)
+    files = {p: task.files[p] for p in task.test_support}
+    files.update(task.hidden_tests)
+    files[".turngym-grade.ini"] = "[pytest]\n"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    tests = " ".join(shlex.quote(t) for t in task.graded_tests)
+    # -I: no user site-packages, no PYTHON* variables, no cwd on sys.path.
+    pytest = (f"python3 -I -m pytest -q -x -p no:cacheprovider -p timeout --timeout={test_timeout_s:g} "
+              f'-c "$G/.turngym-grade.ini" --rootdir "$G" --confcutdir "$G" {tests}')
+    script = (
+        f'G=$(mktemp -d "{box.scratch_dir}/grade.XXXXXX") || exit 90\n'
+        f'cd "{box.workdir}" || exit 91\n'
+        'for f in "$@"; do if [ -f "$f" ]; then mkdir -p "$G/$(dirname "$f")" && cp -- "$f" "$G/$f"; fi; done\n'
+        'tar --no-same-owner -C "$G" -xf - || exit 92\n'
+        f'cd "$G" && {pytest}\n'
+    )
+    res = box.exec(["sh", "-c", script, "grade", *task.source_files], timeout=timeout_s, stdin=buf.getvalue())
+    lines = [ln for ln in res.stdout.strip().splitlines() if ln.strip()]
+    summary = lines[-1] if lines else res.observation(timeout_s)[-300:]
+    passed = res.exit_code == 0 and "passed" in summary and not res.timed_out
+    return passed, summary
+
+
+def _random_edits(path: str, text: str, rng, n: int) -> list[ToolCall]:
+    """Up to ``n`` random single-token mutations of unique lines of ``text``."""
+    lines = [ln for ln in text.splitlines(keepends=True) if _TOKEN.search(ln) and text.count(ln) == 1]
+    calls = []
+    for _ in range(n):
+        if not lines:
+            break
+        line = lines[int(rng.integers(len(lines)))]
+        toks = list(_TOKEN.finditer(line))
+        m = toks[int(rng.integers(len(toks)))]
+        kind = "num" if m.group().lstrip("-").isdigit() else "word" if m.group().isalpha() else "op"
+        choices = [t for t in _MUTATIONS[kind] if t != m.group()]
+        new = choices[int(rng.integers(len(choices)))]
+        calls.append(ToolCall("a", "edit_file", {"path": path, "old_str": line, "new_str": line[: m.start()] + new + line[m.end():]}))
+    return calls
+
+
+def _load_suite(suite: str, split: str, n_tasks: int | None, data_dir: str | None) -> dict[str, Any]:
+    """Task id -> a zero-argument builder (tasks are built on first use)."""
+    import functools
+
+    if suite == "synthetic":
+        from turngym.envs.swe.synthetic import synthetic_task, synthetic_task_ids
+
+        return {t: functools.partial(synthetic_task, t) for t in synthetic_task_ids(split, n_tasks)}
+    if suite == "quixbugs":
+        from turngym.envs.swe.quixbugs import quixbugs_root, quixbugs_task, quixbugs_task_ids
+
+        root = quixbugs_root(data_dir)
+        return {t: functools.partial(quixbugs_task, root, t) for t in quixbugs_task_ids(root, split)}
+    raise ValueError(f"unknown SWE suite {suite!r}; choose synthetic or quixbugs")
