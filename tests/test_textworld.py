@@ -213,6 +213,26 @@ def test_dense_and_sparse_rewards(tw_root):
     assert sparse == [0.0] * (len(sparse) - 1) + [1.0]
 
 
+def test_losing_ends_the_episode(tw_root):
+    # Cooking: eating an ingredient the recipe needs loses the game.
+    env = make(tw_root, "medium", reward="sparse")
+    cooking = next(g for g in env.unwrapped.games if g.task_type == "cooking")
+    upto = next(i for i, c in enumerate(cooking.walkthrough) if c.startswith("take "))
+    item = cooking.walkthrough[upto][len("take "):].split(" from ")[0]
+    commands = [hermes(c) for c in cooking.walkthrough[: upto + 1]] + [hermes(f"eat {item}")]
+    _, _, steps = play(env, cooking.task_id, commands)
+    obs, reward, terminated, truncated, info = steps[-1]
+    assert terminated and info["lost"] and not info["won"] and reward == 0.0
+    assert "You lost" in obs[0].content and env.unwrapped.outcome() == 0.0
+
+
+def test_turn_limit_truncates(tw_root):
+    env = make(tw_root)
+    _, _, steps = play(env, env.unwrapped.task_ids[0], [hermes("look")] * 50)
+    assert len(steps) == SUITES["easy"].max_turns
+    assert steps[-1][3] and not steps[-1][2] and not steps[-1][4]["won"]
+
+
 def test_gymnasium_env_checker(tw_root, monkeypatch):
     # check_env compares infos exactly; info["elapsed_s"] is wall time, so freeze the clock.
     monkeypatch.setattr(turngym.envs.base, "_clock", lambda: 0.0)

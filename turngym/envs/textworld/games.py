@@ -233,8 +233,14 @@ def _run_generator(level: str, split: str, n: int, folder: Path) -> None:
     )
     cmd = [sys.executable, "-m", "turngym.envs.textworld.games", "--level", level, "--split", split,
            "--num-games", str(n), "--dir", str(folder)]
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    package_root = str(Path(__file__).resolve().parents[3])  # so the child imports this turngym
+    path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": path}
+    limit = 120 + 60 * (n - have)  # a game takes seconds; a hung compiler should not hang us
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"TextWorld game generation took over {limit}s; progress so far is kept") from None
     if proc.returncode != 0:
         raise RuntimeError(f"TextWorld game generation failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
 
@@ -251,8 +257,10 @@ def generate(level: str, split: str, n: int, folder: Path) -> dict:
     suite = get_suite(level)
     folder.mkdir(parents=True, exist_ok=True)
     index = read_index(folder)
+    for leftover in folder.glob(".gen-*"):  # temp folders of an interrupted run
+        shutil.rmtree(leftover, ignore_errors=True)
     if not index or index.get("fingerprint") != suite.fingerprint:
-        for stale in folder.glob("*.z8"):  # a changed recipe: start the split over
+        for stale in [*folder.glob("*.z8"), *folder.glob("*.json")]:  # a changed recipe: start over
             stale.unlink()
         index = {"level": level, "split": split, "fingerprint": suite.fingerprint, "next_candidate": 0, "games": []}
     seen = {g["content_hash"] for g in index["games"]}
