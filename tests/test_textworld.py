@@ -1,8 +1,9 @@
 """TextWorld env family: suites, generation cache, env contract, oracle and random play.
 
 Games are generated once into pytest's cache folder (``.pytest_cache/d/turngym_textworld``) and
-reused by later runs; a fresh checkout first spends about 30 s generating 11 games (idle machine). One test
-generates a game into a fresh folder on every run (about 3 s), to check locking and determinism.
+reused by later runs; a fresh checkout first spends about 30 s (idle machine) generating 11 games.
+One test generates a game into a fresh folder on every run (about 3 s), to check locking and
+determinism.
 """
 
 from __future__ import annotations
