@@ -16,6 +16,8 @@ import toy_envs  # noqa: E402,F401  (registers tests/Guess-v0)
 pytest_plugins = ["fixtures_model"]
 
 SHARED_DATA = TESTS.parent.parent / "shared" / "data"
+if SHARED_DATA.is_dir():  # the data-backed envs and loaders resolve their data through TURNGYM_DATA
+    os.environ.setdefault("TURNGYM_DATA", str(SHARED_DATA))
 
 
 def shared_data_dir() -> Path | None:
