@@ -1,0 +1,211 @@
+"""``ALFWorldEnv``: ALFWorld household tasks as text games, through TextWorld's PDDL engine.
+
+Games are ``game.tw-pddl`` files played with ``textworld.start`` and ALFWorld's own wrappers
+(``AlfredDemangler`` gives objects their readable names, ``AlfredInfos`` records the game file).
+The agent sends one command per turn through the ``act`` tool. The reward is 1.0 on the winning
+turn; ``state_key`` hashes the world's facts; the walkthrough is the oracle's plan (and SFT
+data) and ``admissible_commands`` feed the random agent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from turngym.envs.alfworld.games import AlfworldGame, alfworld_root, list_games
+from turngym.envs.base import StepOutcome, TextEnv
+from turngym.tools.base import Tool
+from turngym.tools.formats import ParsedAction
+from turngym.types import Message, ToolCall, ToolResult
+
+SYSTEM_PROMPT = (
+    "You are a household robot in a room, given a task. Explore, then act with short commands such as "
+    "'go to desk 1', 'open drawer 2', 'take mug 1 from countertop 1', 'heat mug 1 with microwave 1', "
+    "'put mug 1 in/on coffeemachine 1', 'use desklamp 1', 'examine mug 1', 'inventory' or 'look'. {how}"
+)
+_HOW = {
+    "text": "Reply with exactly one command per turn, on a single line, and nothing else.",
+    "default": "Send each command by calling the `act` tool, one call per turn.",
+}
+_BANNER = "-= Welcome to TextWorld, ALFRED! =-"
+_NOTHING = "Nothing happens."  # ALFWorld's reply to a command that does not apply
+MAX_COMMAND_CHARS = 200
+
+
+def normalize_command(command: str) -> str:
+    """Lower-case, single-spaced, printable (how ALFWorld's grammar writes commands)."""
+    return " ".join("".join(ch if ch.isprintable() else " " for ch in command).lower().split())
+
+
+class ALFWorldEnv(TextEnv):
+    """ALFWorld: six kinds of household tasks (pick, look, clean, heat, cool, pick two) as text games.
+
+    Args:
+        split: ``train``, ``valid_seen``, ``valid_unseen`` or ``test`` (= ``valid_unseen``).
+        data_dir: A local ALFWorld copy (default: ``$TURNGYM_DATA/alfworld`` or the download cache).
+        max_games: Keep only the first N games of the split (sorted by task id).
+        task_types: Keep only these task types.
+        admissible_in_obs: Append the admissible commands to every observation.
+        replan: When the agent leaves the walkthrough, ask the planner for a new plan every turn
+            (slow; only the oracle needs it).
+        **kw: ``TextEnv`` arguments (``tool_format``, ``scripted_hints``, ...).
+
+    Raises:
+        turngym.data.DataNotFound: No ALFWorld data (run ``turngym data download alfworld``).
+    """
+
+    def __init__(self, split: str = "train", data_dir: str | None = None, max_games: int | None = None,
+                 task_types: list[str] | None = None, admissible_in_obs: bool = False, replan: bool = False,
+                 **kw: Any) -> None:
+        super().__init__(**kw)
+        self.split = split
+        self.root: Path = alfworld_root(data_dir)
+        games = list_games(self.root, split)
+        if task_types:
+            games = [g for g in games if g.task_type in set(task_types)]
+        self.games: list[AlfworldGame] = games[:max_games] if max_games else games
+        self._by_id = {g.task_id: g for g in self.games}
+        self.task_ids = [g.task_id for g in self.games]
+        self.admissible_in_obs, self.replan = admissible_in_obs, replan
+        self._tw = None
+        self._loaded: Path | None = None
+        self._game: AlfworldGame | None = None
+        self._gs: dict = {}
+        self._won, self._turn_won, self._rejected = False, False, False
+        self._plan: list[str] = []
+        self._wt_pos, self._on_path, self._key = 0, True, ""
+
+    # ----- engine ---------------------------------------------------------------------------
+    def request_infos(self):
+        """The ``textworld.EnvInfos`` asked of the engine (admissible commands only when used)."""
+        from textworld import EnvInfos
+
+        return EnvInfos(won=True, facts=True, extras=["walkthrough"],
+                        admissible_commands=bool(self.scripted_hints or self.admissible_in_obs),
+                        policy_commands=bool(self.replan))
+
+    def _load(self, path: Path) -> dict:
+        if self._tw is not None and self._loaded == path:
+            return self._tw.reset()  # same game again (group rollouts): no need to re-parse it
+        self._loaded = path
+        if self._tw is None:
+            import textworld  # heavy: only when a game is played
+            from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+
+            self._tw = textworld.start(str(path), request_infos=self.request_infos(),
+                                       wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
+        else:
+            self._tw.load(str(path))
+        return self._tw.reset()
+
+    def _observe(self, gs: dict) -> None:
+        self._gs = gs
+        self._won = bool(gs.get("won"))
+        facts = sorted(map(str, gs.get("facts") or ()))
+        digest = hashlib.blake2b("\n".join(facts).encode(), digest_size=8).hexdigest()
+        self._key = f"{self._game.task_id}:{digest}"
+
+    # ----- TextEnv hooks --------------------------------------------------------------------
+    def _build_tools(self) -> list[Tool]:
+        params = {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "one command, e.g. 'go to desk 1'"}},
+            "required": ["command"],
+            "additionalProperties": False,
+        }
+        # No timeout: the PDDL engine runs in C where an alarm cannot reach; a hung game is the
+        # rollout workers' job (they kill and restart the env).
+        return [Tool("act", "Send one command to the household, e.g. 'go to desk 1' or 'take mug 1 from desk 1'.",
+                     params, self._act, timeout_s=None)]
+
+    def _reset_task(self, task_id: str) -> list[Message]:
+        game = self._by_id.get(task_id)
+        if game is None:
+            raise KeyError(f"unknown ALFWorld game {task_id!r} in split {self.split!r}")
+        self._game = game
+        gs = self._load(game.path)
+        self._observe(gs)
+        self._turn_won, self._rejected = False, False
+        self._plan = [normalize_command(c) for c in gs.get("extra.walkthrough") or []]
+        self._wt_pos, self._on_path = 0, True
+        intro = gs["feedback"].replace(_BANNER, "").strip()
+        how = _HOW["text"] if self.format.name == "text" else _HOW["default"]
+        return [Message("system", SYSTEM_PROMPT.format(how=how)), Message("user", self._with_admissible(intro))]
+
+    def _act(self, command: str) -> str:
+        if self._won:
+            raise RuntimeError("the task is already done; no more commands are accepted")
+        cmd = normalize_command(command)
+        if not cmd:
+            raise ValueError("the command is empty; send one such as 'look'")
+        if len(cmd) > MAX_COMMAND_CHARS:
+            raise ValueError(f"the command is {len(cmd)} characters long; commands are short (limit {MAX_COMMAND_CHARS})")
+        key_before = self._key
+        gs, _, _ = self._tw.step(cmd)
+        self._observe(gs)
+        text = (gs.get("feedback") or "").strip()
+        self._rejected = text == _NOTHING
+        self._follow_walkthrough(cmd, key_before)
+        return text if self._won else self._with_admissible(text)
+
+    def _follow_walkthrough(self, cmd: str, key_before: str) -> None:
+        # The walkthrough stays the plan while the agent plays it, or while its own commands
+        # leave the world unchanged (look, examine, inventory, a rejected command).
+        if not self._on_path:
+            return
+        if self._wt_pos < len(self._plan) and cmd == self._plan[self._wt_pos]:
+            self._wt_pos += 1
+        elif self._key != key_before:
+            self._on_path = False
+
+    def _with_admissible(self, text: str) -> str:
+        if not self.admissible_in_obs:
+            return text
+        return f"{text}\n\nAdmissible commands: {', '.join(self._gs.get('admissible_commands') or [])}"
+
+    def _step_outcome(self, parsed: ParsedAction, results: list[ToolResult]) -> StepOutcome:
+        reward = float(self._won and not self._turn_won)
+        valid = bool(parsed.calls) and not self._rejected and not any(r.is_error for r in results)
+        self._turn_won, self._rejected = self._won, False
+        return StepOutcome(reward=reward, terminated=self._won, action_valid=valid, info={"won": self._won})
+
+    def state_key(self) -> str:
+        return self._key
+
+    def task_type(self, task_id: str) -> str:
+        return self._by_id[task_id].task_type
+
+    def outcome(self) -> float:
+        return 1.0 if self._won else 0.0
+
+    def walkthrough(self) -> list[str]:
+        """The expert plan of the current game, from its start (for SFT data)."""
+        return list(self._plan)
+
+    def oracle_action(self) -> str | None:
+        cmd = self._oracle_command()
+        return None if cmd is None else self.format.render_call(ToolCall("oracle", "act", {"command": cmd}))
+
+    def _oracle_command(self) -> str | None:
+        if self._won or self._game is None:
+            return None
+        if self._on_path and self._wt_pos < len(self._plan):
+            return self._plan[self._wt_pos]
+        policy = self._gs.get("policy_commands") or []  # the planner's plan from here (replan=True)
+        return policy[0] if policy else None
+
+    def admissible_actions(self) -> list[str] | None:
+        cmds = self._gs.get("admissible_commands")
+        if self._won or not cmds:
+            return None
+        return [self.format.render_call(ToolCall("a", "act", {"command": c})) for c in cmds]
+
+    def close(self) -> None:
+        if self._tw is not None:
+            try:
+                self._tw.close()
+            except Exception:
+                pass  # closing a finished game is best effort
+            self._tw, self._loaded = None, None
+        super().close()
