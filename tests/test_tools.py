@@ -139,3 +139,24 @@ def test_overlong_action_is_rejected_whole():
 def test_unknown_format_is_a_clear_error():
     with pytest.raises(ValueError, match="hermes"):
         get_format("yaml")
+
+
+def test_fast_flat_validation_agrees_with_jsonschema():
+    """The fast path for flat schemas must accept exactly what jsonschema accepts."""
+    import itertools
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"s": {"type": "string"}, "i": {"type": "integer"},
+              "n": {"type": "number"}, "b": {"type": "boolean"}, "a": {"type": "array"}, "o": {"type": "object"},
+              "z": {"type": "null"}, "any": {"description": "no type"}}, "required": ["s"], "additionalProperties": False}
+    t = Tool("t", "t", schema, lambda **k: "")
+    assert t._flat is not None
+    values = ["x", 3, 3.0, 3.5, True, None, [1], {"k": 1}, -0.0]
+    validator = jsonschema.Draft202012Validator(schema)
+    for key, value in itertools.product(list(schema["properties"]) + ["extra"], values):
+        args = {"s": "ok", key: value} if key != "s" else {"s": value}
+        assert (t.validation_error(args) is None) == validator.is_valid(args), (key, value)
+    assert t.validation_error({}) is not None and "s" in t.validation_error({})
+    enum_tool = Tool("e", "e", {"type": "object", "properties": {"c": {"enum": ["a", "b"]}}}, lambda **k: "")
+    assert enum_tool._flat is None and enum_tool.validation_error({"c": "z"}) is not None

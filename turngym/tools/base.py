@@ -55,6 +55,7 @@ class Tool:
             raise ValueError(f"tool {self.name!r}: parameters schema must have type 'object'")
         jsonschema.Draft202012Validator.check_schema(self.parameters)
         self._validator = jsonschema.Draft202012Validator(self.parameters)
+        self._flat = _flat_schema(self.parameters)
 
     @property
     def spec(self) -> ToolSpec:
@@ -66,6 +67,8 @@ class Tool:
 
     def validation_error(self, arguments: dict) -> str | None:
         """A readable message if ``arguments`` break the schema, else ``None``."""
+        if self._flat is not None and _flat_ok(self._flat, arguments):
+            return None  # exact for flat schemas, and ~10x cheaper than jsonschema on the hot path
         errors = sorted(self._validator.iter_errors(arguments), key=lambda e: list(e.path))
         if not errors:
             return None
@@ -166,6 +169,49 @@ def _docstring_args(doc: str) -> dict[str, str]:
                 if key.isidentifier():
                     out[key] = desc.strip()
     return out
+
+
+_FLAT_KEYS = {"type", "description", "default", "title"}
+_TYPE_CHECKS = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+
+
+def _flat_schema(schema: dict) -> tuple | None:
+    """``(checks, required, closed)`` when the schema only uses keywords the fast path handles
+    exactly (scalar ``type`` per property, ``required``, ``additionalProperties: false``); else None."""
+    if set(schema) - {"type", "properties", "required", "additionalProperties", "title", "description"}:
+        return None
+    closed = schema.get("additionalProperties", True)
+    if closed not in (True, False):
+        return None
+    checks = {}
+    for name, prop in (schema.get("properties") or {}).items():
+        if not isinstance(prop, dict) or set(prop) - _FLAT_KEYS or prop.get("type", "any") not in (*_TYPE_CHECKS, "any"):
+            return None
+        checks[name] = _TYPE_CHECKS.get(prop.get("type"), lambda v: True)
+    return checks, tuple(schema.get("required") or ()), closed is False
+
+
+def _flat_ok(flat: tuple, arguments: dict) -> bool:
+    checks, required, closed = flat
+    for k in required:
+        if k not in arguments:
+            return False
+    for k, v in arguments.items():
+        check = checks.get(k)
+        if check is None:
+            if closed:
+                return False
+        elif not check(v):
+            return False
+    return True
 
 
 def truncate(text: str, limit: int) -> str:

@@ -71,6 +71,18 @@ def _as_text(action: str | Message) -> str:
     return action if isinstance(action, str) else str(action)
 
 
+def _without(text: str, matches: list) -> str:
+    """``text`` with the matched spans cut out, stripped (one pass, no second regex scan)."""
+    if not matches:
+        return text.strip()
+    parts, last = [], 0
+    for m in matches:
+        parts.append(text[last : m.start()])
+        last = m.end()
+    parts.append(text[last:])
+    return "".join(parts).strip()
+
+
 def _call_from_obj(obj: object, call_id: str) -> tuple[ToolCall | None, str | None]:
     """A ``{"name": ..., "arguments": {...}}`` object (arguments may be a JSON string) to a ToolCall."""
     if not isinstance(obj, dict):
@@ -98,8 +110,9 @@ class HermesFormat:
         text = _as_text(action)
         if err := _too_long(text):
             return ParsedAction(errors=[err])
-        blocks = self._block.findall(text)
-        content = self._block.sub("", text).strip()
+        matches = list(self._block.finditer(text))
+        blocks = [m.group(1) for m in matches]
+        content = _without(text, matches)
         if not blocks:
             return ParsedAction(errors=[self._usage("no <tool_call> block found", tools)], content=content)
         out = ParsedAction(content=content)
