@@ -109,6 +109,8 @@ def test_tools_view_edit_run_tests_and_signals(env):
     assert 0.0 <= info["visible_tests_passed"] <= 1.0 and "passed" in obs[0].content + "failed"
 
     key = info["state_key"]
+    obs, _, _, _, info = env.step(call(env, "bash", command="true"))  # the host-side reset digest matches
+    assert not info["file_modified"] and not info["modified"] and info["state_key"] == key
     obs, _, _, _, info = env.step(call(env, "bash", command="echo '# note' >> README.md"))
     assert info["file_modified"] and info["modified"] and info["state_key"] != key
     obs, _, _, _, info = env.step(call(env, "bash", command="cat README.md"))

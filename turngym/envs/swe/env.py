@@ -101,7 +101,7 @@ class SWEEnv(TextEnv):
         self._reset_episode_state()
         self._sb = self._provider.new()
         self._sb.put_files(task.files)
-        self._digest = self._orig_digest = self._repo_digest()
+        self._digest = self._orig_digest = _files_digest(task.files)  # what _repo_digest would say, without an exec
         tree = "\n".join(sorted(task.files))
         return [
             Message("system", SYSTEM_PROMPT.format(workdir=self._sb.workdir)),
@@ -327,6 +327,12 @@ def grade(box: Sandbox, task: SWETask, test_timeout_s: float, timeout_s: float) 
     summary = lines[-1] if lines else res.observation(timeout_s)[-300:]
     passed = res.exit_code == 0 and "passed" in summary and not res.timed_out
     return passed, summary
+
+
+def _files_digest(files: dict[str, str]) -> str:
+    """``_repo_digest`` of a repo holding exactly ``files`` (same lines: ``<sha1>  ./<path>``, sorted)."""
+    lines = sorted((f"./{p}", hashlib.sha1(t.encode()).hexdigest()) for p, t in files.items())
+    return hashlib.sha1("".join(f"{h}  {p}\n" for p, h in lines).encode()).hexdigest()
 
 
 def _random_edits(path: str, text: str, rng, n: int) -> list[ToolCall]:
