@@ -1,0 +1,140 @@
+"""SPA (stepwise progress attribution): the sum-matching loss and the step reward by hand, the
+estimator's redistribution summing to the outcome after training on a toy set, the grounding
+bonus only on valid actions, online training, and checkpoint round trips."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from turngym.rewards import make_reward
+from turngym.rewards.encoders import HashedNgramEncoder, StepInput, step_inputs
+from turngym.rewards.progress import ProgressReward, SPAConfig, spa_step_rewards, sum_matching_loss
+from turngym.types import Message, Trajectory, Turn
+
+ACTIONS = ["look", "go north", "take key", "open chest", "inventory", "go south"]
+
+
+def _toy_trajectory(rng: random.Random) -> Trajectory:
+    """An episode of 3-5 random actions; the outcome is additive: 0.5 per key step (take key,
+    open chest) taken at least once."""
+    actions = [rng.choice(ACTIONS) for _ in range(rng.randint(3, 5))]
+    outcome = 0.5 * ("take key" in actions) + 0.5 * ("open chest" in actions)
+    turns = [Turn(action_text=a, observation=[Message("tool", f"You {a}.")], info={"action_valid": True}) for a in actions]
+    return Trajectory("chest", turns=turns, outcome=outcome, initial_observation=[Message("user", "Open the chest.")])
+
+
+def _toy_set(n: int, seed: int) -> list[Trajectory]:
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:  # each key action at most once, so the additive target is exact
+        t = _toy_trajectory(rng)
+        acts = [x.action_text for x in t.turns]
+        if acts.count("take key") <= 1 and acts.count("open chest") <= 1:
+            out.append(t)
+    return out
+
+
+def test_sum_matching_loss_by_hand():
+    contrib = torch.tensor([0.5, 0.25, 1.0])
+    index = torch.tensor([0, 0, 1])
+    outcomes = torch.tensor([1.0, 0.0])
+    # sums (0.75, 1.0): ((0.75 - 1)^2 + (1 - 0)^2) / 2
+    torch.testing.assert_close(sum_matching_loss(contrib, index, outcomes), torch.tensor(0.53125))
+
+
+def test_spa_step_rewards_by_hand():
+    assert spa_step_rewards([0.2, 0.3], [True, False], 1.0, alpha=1.0, bonus=0.1) == pytest.approx([0.3, 0.3])
+    assert spa_step_rewards([0.2, 0.3], [True, False], 1.0, alpha=2.0, bonus=0.0) == pytest.approx([0.4, 0.6])
+    # exact_sum spreads (1 - 0.5) / 2 = 0.25 over both steps
+    assert spa_step_rewards([0.2, 0.3], [False, False], 1.0, exact_sum=True) == pytest.approx([0.45, 0.55])
+    with pytest.raises(ValueError):
+        spa_step_rewards([0.1], [True, True], 1.0)
+
+
+def test_hashed_encoder_is_deterministic_and_field_aware():
+    enc = HashedNgramEncoder(dim=256)
+    a = enc.encode([StepInput("task", "", "take key")])
+    b = enc.encode([StepInput("task", "", "take key")])
+    c = enc.encode([StepInput("task", "take key", "")])  # same words, other field
+    torch.testing.assert_close(a, b)
+    assert a.shape == (1, 256) and not torch.allclose(a, c)
+
+
+def test_step_inputs_hold_task_history_and_action():
+    t = _toy_set(1, seed=3)[0]
+    items = step_inputs(t, history_turns=1)
+    assert len(items) == len(t.turns)
+    assert items[0].task == "Open the chest." and items[0].history == "observation: Open the chest."
+    assert items[2].history == f"action: {t.turns[1].action_text}\nobservation: You {t.turns[1].action_text}."
+    assert items[2].action == t.turns[2].action_text
+
+
+def test_redistribution_sums_to_the_outcome_after_training():
+    train, held_out = _toy_set(48, seed=0), _toy_set(16, seed=1)
+    spa = ProgressReward(online=False, bonus=0.0, dim=512, hidden=32, lr=1e-2, batch_size=16, history_turns=0)
+    before = spa.fit(train, updates=0)["sum_abs_err"]
+    after = spa.fit(train, updates=200)
+    assert after["sum_abs_err"] < 0.05 < before
+    for traj, c in zip(held_out, spa.contributions(held_out)):
+        assert sum(c) == pytest.approx(traj.outcome, abs=0.1)
+    # the credit lands on the key actions, not on the filler
+    by_action: dict[str, list[float]] = {}
+    for traj, c in zip(train, spa.contributions(train)):
+        for turn, x in zip(traj.turns, c):
+            by_action.setdefault(turn.action_text, []).append(x)
+    mean = {a: sum(v) / len(v) for a, v in by_action.items()}
+    assert mean["take key"] == pytest.approx(0.5, abs=0.1) and mean["open chest"] == pytest.approx(0.5, abs=0.1)
+    assert abs(mean["look"]) < 0.1
+    # as a transform with alpha = 1 and no bonus, the per-turn rewards are the contributions
+    rewards = spa(held_out)
+    assert all(sum(r) == pytest.approx(t.outcome, abs=0.1) for r, t in zip(rewards, held_out))
+
+
+def test_exact_sum_makes_the_redistribution_exact():
+    trajs = _toy_set(8, seed=2)
+    spa = ProgressReward(online=False, bonus=0.0, exact_sum=True, dim=256)
+    spa.fit(trajs, updates=20)
+    for r, t in zip(spa(trajs), trajs):
+        assert sum(r) == pytest.approx(t.outcome, abs=1e-6)
+
+
+def test_grounding_bonus_only_on_valid_actions():
+    t = Trajectory("x", outcome=0.0, initial_observation=[Message("user", "go")], turns=[
+        Turn("a", info={"action_valid": True}), Turn("b", info={"action_valid": False}), Turn("c", info={}),
+        Turn("d", info={"action_valid": True}),
+    ])
+    spa = ProgressReward(online=False, bonus=0.25, dim=64)  # untrained: every contribution is exactly 0
+    assert spa([t]) == [[0.25, 0.0, 0.0, 0.25]]
+    assert spa.stats["reward/spa_grounded_frac"] == 0.5
+
+
+def test_online_mode_trains_on_each_batch_and_checkpoints():
+    batches = [_toy_set(16, seed=s) for s in (10, 11, 12)]
+    spa = make_reward({"name": "spa", "dim": 256, "updates": 30, "lr": 1e-2, "bonus": 0.0, "history_turns": 0})
+    assert isinstance(spa, ProgressReward) and spa.cfg.online
+    errs = []
+    for batch in batches:
+        spa(batch)
+        errs.append(spa.stats["reward/spa_sum_abs_err"])
+        assert math.isfinite(spa.stats["reward/spa_loss"])
+    assert spa.stats["reward/spa_buffer"] == 48
+    assert errs[-1] < errs[0]
+
+    clone = ProgressReward(SPAConfig(**{**spa.cfg.__dict__}))
+    clone.load_state_dict(spa.state_dict())
+    probe = _toy_set(4, seed=99)
+    assert clone.contributions(probe) == spa.contributions(probe)
+    # the same next online call on both gives the same rewards (buffer, optimizer and RNG restored)
+    assert clone(probe) == spa(probe)
+
+
+def test_spa_does_not_move_the_global_rng_and_rejects_unknown_knobs():
+    torch.manual_seed(0)
+    want = torch.rand(1)
+    torch.manual_seed(0)
+    ProgressReward(dim=64)
+    torch.testing.assert_close(torch.rand(1), want)
+    with pytest.raises(ValueError, match="unknown SPA knob"):
+        make_reward({"name": "spa", "alhpa": 1.0})
