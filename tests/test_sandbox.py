@@ -191,3 +191,25 @@ def test_docker_janitor_removes_orphans_and_pool_never_reuses():
         b.close()
     for cid in (first, b.container_id):  # closing the pool removed the used containers too
         assert not client.api.containers(all=True, filters={"id": cid})
+
+
+def test_debian_mirror_comes_from_apt_sources(tmp_path):
+    from turngym.tools.sandbox.image import DEFAULT_MIRROR, debian_mirror
+
+    deb822 = tmp_path / "debian.sources"
+    deb822.write_text("Types: deb\nURIs: http://mirror.example/debian-security\n\n"
+                      "Types: deb\nURIs: http://mirror.example/debian/\nSuites: bookworm\n")
+    one_line = tmp_path / "sources.list"
+    one_line.write_text("# comment\ndeb [arch=amd64] http://other.example/debian bookworm main\n")
+    assert debian_mirror([deb822]) == "http://mirror.example/debian"
+    assert debian_mirror([one_line, deb822]) == "http://other.example/debian"
+    assert debian_mirror([tmp_path / "missing"]) == DEFAULT_MIRROR
+
+
+def test_recipe_hash_names_cache_and_image():
+    from turngym.tools.sandbox import image
+
+    assert len(image.recipe_hash()) == 12 and image.recipe_hash() == image.recipe_hash()
+    assert image.rootfs_tar_path().name == f"rootfs-{image.recipe_hash()}.tar"
+    assert image.image_tag() == f"turngym/sandbox:{image.image_hash()}" and image.image_hash() != image.recipe_hash()
+    assert "python3-pytest" in image.PACKAGES and image.DOCKERFILE.count("USER 1000:1000") == 1

@@ -42,7 +42,8 @@ class ALFWorldEnv(TextEnv):
     """ALFWorld: six kinds of household tasks (pick, look, clean, heat, cool, pick two) as text games.
 
     Args:
-        split: ``train``, ``valid_seen``, ``valid_unseen`` or ``test`` (= ``valid_unseen``).
+        split: ``train``, ``valid_seen``, ``valid_unseen`` or ``test`` (= ``valid_seen``, the
+            in-distribution eval split; ask for ``valid_unseen`` by name).
         data_dir: A local ALFWorld copy (default: ``$TURNGYM_DATA/alfworld`` or the download cache).
         max_games: Keep only the first N games of the split (sorted by task id).
         task_types: Keep only these task types.

@@ -18,8 +18,9 @@ TASK_TYPES = (
     "pick_cool_then_place_in_recep",
     "pick_two_obj_and_place",
 )
-SPLITS = {"train": "train", "valid_seen": "valid_seen", "valid_unseen": "valid_unseen",
-          "test": "valid_unseen"}  # "test" is ALFWorld's out-of-distribution eval split
+# "test" is ALFWorld's in-distribution eval split (held-out games in seen rooms); its
+# out-of-distribution split is asked for by name, "valid_unseen".
+SPLITS = {"train": "train", "valid_seen": "valid_seen", "valid_unseen": "valid_unseen", "test": "valid_seen"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def list_games(root: Path, split: str, *, solvable_only: bool = True) -> list[Al
 
     Args:
         root: The ALFWorld data folder.
-        split: ``train``, ``valid_seen``, ``valid_unseen`` or ``test`` (= ``valid_unseen``).
+        split: ``train``, ``valid_seen``, ``valid_unseen`` or ``test`` (= ``valid_seen``).
         solvable_only: Skip games whose file says ``"solvable": false`` (as ALFWorld does).
 
     Raises:

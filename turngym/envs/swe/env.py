@@ -43,7 +43,27 @@ _TOKEN = re.compile(r"//|<=|>=|==|!=|[-+*%<>]|\b\d+\b|\b(?:and|or|not|min|max|Tr
 
 
 class SWEEnv(TextEnv):
-    """Fix a bug in a small Python repo in a sandbox; graded by hidden tests after submit."""
+    """Fix a bug in a small Python repo in a sandbox; graded by hidden tests after submit.
+
+    Args:
+        suite: ``synthetic`` (bundled, generated) or ``quixbugs`` (needs the data).
+        split: ``train`` / ``test`` (disjoint); QuixBugs also has ``all``.
+        n_tasks: Synthetic suite size for the split (default 45 train / 15 test).
+        data_dir: Local QuixBugs copy (default: ``$TURNGYM_DATA`` or the download cache).
+        sandbox: Backend: ``auto`` (Docker, else bubblewrap), ``docker``, ``bwrap`` or ``local``
+            (unsafe, unit tests only).
+        sandbox_config: Sandbox limits (default: ``SandboxConfig(timeout_s=command_timeout_s)``).
+        pool_size: Warm Docker containers kept ready for resets.
+        command_timeout_s: Limit for one ``bash`` command.
+        test_timeout_s: Limit for one test (pytest-timeout), visible and hidden.
+        grade_timeout_s: Limit for a whole test run (visible tests or grading).
+        **kw: ``TextEnv`` arguments (``tool_format``, ``scripted_hints``, ...).
+
+    Raises:
+        ValueError: Unknown suite or split.
+        turngym.data.DataNotFound: QuixBugs data missing.
+        SandboxError: (on reset) no sandbox backend can run here.
+    """
 
     def __init__(
         self,
@@ -59,25 +79,14 @@ class SWEEnv(TextEnv):
         grade_timeout_s: float = 120.0,
         **kw: Any,
     ) -> None:
-        """Args:
-            suite: ``synthetic`` (bundled, generated) or ``quixbugs`` (needs the data).
-            split: ``train`` / ``test`` (disjoint); QuixBugs also has ``all``.
-            n_tasks: Synthetic suite size for the split (default 45 train / 15 test).
-            data_dir: Local QuixBugs copy (default: ``$TURNGYM_DATA`` or the download cache).
-            sandbox: Backend: ``auto`` (Docker, else bubblewrap), ``docker``, ``bwrap`` or ``local``
-                (unsafe, unit tests only).
-            sandbox_config: Sandbox limits (default: ``SandboxConfig(timeout_s=command_timeout_s)``).
-            pool_size: Warm Docker containers kept ready for resets.
-            command_timeout_s: Limit for one ``bash`` command.
-            test_timeout_s: Limit for one test (pytest-timeout), visible and hidden.
-            grade_timeout_s: Limit for the whole grading run.
-        """
         super().__init__(**kw)
         self.suite, self.split = suite, split
         self._tasks = _load_suite(suite, split, n_tasks, data_dir)
         self.task_ids = list(self._tasks)
-        self.command_timeout_s, self.test_timeout_s, self.grade_timeout_s = command_timeout_s, test_timeout_s, grade_timeout_s
-        self._provider = SandboxProvider(sandbox, sandbox_config or SandboxConfig(timeout_s=command_timeout_s), pool_size)
+        self.command_timeout_s = command_timeout_s
+        self.test_timeout_s, self.grade_timeout_s = test_timeout_s, grade_timeout_s
+        config = sandbox_config or SandboxConfig(timeout_s=command_timeout_s)
+        self._provider = SandboxProvider(sandbox, config, pool_size)
         self._sb: Sandbox | None = None
         self._task: SWETask | None = None
         self._reset_episode_state()
@@ -275,13 +284,15 @@ class SWEEnv(TextEnv):
             return None
         for k, e in enumerate(self._task.gold_edits):
             if k not in self._gold_done:
-                return self.format.render_call(ToolCall("oracle", "edit_file", {"path": e.path, "old_str": e.old, "new_str": e.new}))
+                args = {"path": e.path, "old_str": e.old, "new_str": e.new}
+                return self.format.render_call(ToolCall("oracle", "edit_file", args))
         return self.format.render_call(ToolCall("oracle", "submit", {}))
 
     def admissible_actions(self) -> list[str] | None:
         if self._task is None or self._submitted or self._sb is None or self._sb.closed:
             return None
-        calls = [ToolCall("a", "run_tests", {}), ToolCall("a", "submit", {}), ToolCall("a", "bash", {"command": "ls -R"})]
+        calls = [ToolCall("a", "run_tests", {}), ToolCall("a", "submit", {}),
+                 ToolCall("a", "bash", {"command": "ls -R"})]
         sources = self._sb.read_files([p for p in self._task.source_files if p.endswith(".py")])
         for path, text in sources.items():
             calls.append(ToolCall("a", "view_file", {"path": path}))
@@ -348,7 +359,8 @@ def _random_edits(path: str, text: str, rng, n: int) -> list[ToolCall]:
         kind = "num" if m.group().lstrip("-").isdigit() else "word" if m.group().isalpha() else "op"
         choices = [t for t in _MUTATIONS[kind] if t != m.group()]
         new = choices[int(rng.integers(len(choices)))]
-        calls.append(ToolCall("a", "edit_file", {"path": path, "old_str": line, "new_str": line[: m.start()] + new + line[m.end():]}))
+        mutated = line[: m.start()] + new + line[m.end():]
+        calls.append(ToolCall("a", "edit_file", {"path": path, "old_str": line, "new_str": mutated}))
     return calls
 
 

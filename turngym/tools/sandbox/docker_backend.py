@@ -217,7 +217,7 @@ class DockerBackend(Sandbox):
                 raw.shutdown(socket.SHUT_WR)
             out, err, host_timeout = _read_frames(raw, t0 + timeout + _HOST_GRACE_S, max_output)
         finally:
-            sock.close()
+            _close_hijacked(sock, raw)
         if host_timeout:  # timeout(1) should have fired long ago; make sure nothing survives
             self._kill_all()
         code = api.exec_inspect(ex["Id"]).get("ExitCode")
@@ -232,13 +232,24 @@ class DockerBackend(Sandbox):
         api = docker_client().api
         ex = api.exec_create(self.container_id, ["sh", "-c", "kill -s KILL -- -1 2>/dev/null; true"],
                              user=SANDBOX_USER)
-        api.exec_start(ex["Id"])
+        api.exec_start(ex["Id"])  # waits for it to finish
 
     def _close(self) -> None:
         if self._pool is not None:
             self._pool.discard(self.container_id)
         else:
             remove_container(self.container_id)
+
+
+def _close_hijacked(sock, raw) -> None:
+    """Close an exec's hijacked connection for good (closing the SDK's SocketIO wrapper alone
+    leaves the socket open until garbage collection)."""
+    for obj in (getattr(sock, "_response", None), sock, raw):
+        try:
+            if obj is not None:
+                obj.close()
+        except (OSError, ValueError):  # ValueError: a wrapper whose file was closed under it
+            pass
 
 
 def _read_frames(sock, deadline: float, max_output: int) -> tuple[Capture, Capture, bool]:

@@ -33,6 +33,7 @@ SUITE = "bookworm"
 PACKAGES = ("python3", "python3-pytest", "python3-pytest-timeout", "git", "procps")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 SANDBOX_UID = 1000
+SYSTEM_CACHE = Path("/var/cache/turngym/sandbox")
 WORKDIR = "/workspace"
 # Trimmed after install: caches and docs are dead weight in a sandbox nobody reads man pages in.
 _TRIM = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man",
@@ -76,7 +77,7 @@ def cache_dir() -> Path:
     """
     root = os.environ.get("TURNGYM_CACHE")
     if not root and os.geteuid() == 0:
-        root = "/var/cache/turngym"
+        return SYSTEM_CACHE
     if not root:
         root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "turngym")
     return Path(root) / "sandbox"
@@ -95,9 +96,15 @@ def image_tag() -> str:
     return f"turngym/sandbox:{image_hash()}"
 
 
-def debian_mirror() -> str:
-    """The Debian mirror apt is configured with (so debootstrap goes where apt can), else the default."""
-    files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+def debian_mirror(files: list[Path] | None = None) -> str:
+    """The Debian mirror apt is configured with (so debootstrap goes where apt can), else the default.
+
+    Args:
+        files: apt source files to read (default: ``/etc/apt/sources.list`` and ``sources.list.d``),
+            one-line (``deb URL suite ...``) or deb822 (``URIs: URL``) format.
+    """
+    if files is None:
+        files = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
     for f in files:
         try:
             text = f.read_text()
@@ -189,6 +196,9 @@ def ensure_rootfs_dir(*, build: bool = True, log=print) -> Path:
     d = rootfs_dir_path()
     if (d / ".turngym-complete").exists():
         return d
+    shared = SYSTEM_CACHE / d.name  # built by root (e.g. .ci/setup_sandbox.sh) for everyone
+    if (shared / ".turngym-complete").exists():
+        return shared
     tar = rootfs_tar_path()
     if not tar.exists():
         if not build:
