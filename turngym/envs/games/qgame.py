@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from turngym.envs.base import StepOutcome, TextEnv
-from turngym.envs.sql.synthetic import split_of
+from turngym.envs.splits import split_of
 from turngym.tools.base import Tool
 from turngym.types import Message, ToolCall
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from turngym.envs.base import StepOutcome, TextEnv
 from turngym.envs.games.words import BUILTIN_WORDS
-from turngym.envs.sql.synthetic import split_of
+from turngym.envs.splits import split_of
 from turngym.tools.base import Tool
 from turngym.types import Message, ToolCall
 

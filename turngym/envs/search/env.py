@@ -16,7 +16,7 @@ from typing import Any
 from turngym.envs.base import StepOutcome, TextEnv
 from turngym.envs.search.backends import BM25Backend, HTTPBackend, SearchError
 from turngym.envs.search.corpus import QASuite, QATask, hotpot_suite, synthetic_suite
-from turngym.envs.sql.synthetic import split_of
+from turngym.envs.splits import split_of
 from turngym.tools.base import Tool
 from turngym.types import Message, ToolCall
 

@@ -19,7 +19,8 @@ from typing import Any
 from turngym.envs.base import StepOutcome, TextEnv
 from turngym.envs.sql.accuracy import has_top_level_order_by, results_match, row_f1
 from turngym.envs.sql.sandbox import ReadOnlyDB, SQLError, format_table, quote_ident
-from turngym.envs.sql.synthetic import SQLTask, build_suite, split_of
+from turngym.envs.splits import split_of
+from turngym.envs.sql.synthetic import SQLTask, build_suite
 from turngym.tools.base import Tool
 from turngym.types import Message, ToolCall
 

@@ -250,7 +250,3 @@ def build_suite(seed: int = 0, folder: Path | None = None) -> list[SQLTask]:
     return tasks
 
 
-def split_of(task_id: str, test_fraction: float = 0.2) -> str:
-    """A stable train/test assignment from the task id's hash."""
-    h = int(hashlib.sha1(task_id.encode()).hexdigest()[:8], 16)
-    return "test" if h % 1000 < test_fraction * 1000 else "train"
