@@ -100,6 +100,7 @@ def test_success_table_by_type():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 140 games at 2-5 s each (parsing a game's PDDL dominates)
 def test_oracle_wins_every_valid_seen_game(data_dir):
     factory = make_env_factory("turngym/ALFWorld-v0", split="valid_seen", data_dir=data_dir, scripted_hints=True)
     env = factory()

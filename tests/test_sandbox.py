@@ -13,9 +13,6 @@ from turngym.tools.sandbox import SandboxConfig, SandboxError, make_sandbox, res
 from turngym.tools.sandbox._runner import Capture
 from turngym.tools.sandbox.base import ExecResult
 
-BACKENDS = ["local", "docker", "bwrap"]
-
-
 def skip_reason(backend: str) -> str | None:
     """Why ``backend`` cannot run here (engine, binary, image or rootfs missing), else None."""
     if backend == "docker":
@@ -52,7 +49,7 @@ def open_sandbox(backend: str, config: SandboxConfig | None = None):
         return make_sandbox(backend, config)
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker), "bwrap"])
 def sb(request):
     box = open_sandbox(request.param, SandboxConfig(timeout_s=20, max_output_bytes=1000))
     yield box
@@ -167,6 +164,7 @@ def test_exec_result_observation_names_the_cause():
     assert ExecResult(1, "", "boom").observation() == "[exit code 1]\n[stderr]\nboom"
 
 
+@pytest.mark.docker
 def test_docker_janitor_removes_orphans_and_pool_never_reuses():
     reason = skip_reason("docker")
     if reason:

@@ -20,7 +20,7 @@ from turngym.tools.sandbox import SandboxConfig
 CONFIG = SandboxConfig(memory_mb=512, pids_limit=128, workdir_size_mb=64, tmp_size_mb=16, timeout_s=10)
 
 
-@pytest.fixture(scope="module", params=["docker", "bwrap"])
+@pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker), "bwrap"])
 def sb(request):
     box = open_sandbox(request.param, CONFIG)
     yield box

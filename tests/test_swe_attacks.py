@@ -14,7 +14,7 @@ from test_swe import call, check_cheats_fail
 TASK = "synthetic-test-002"
 
 
-@pytest.fixture(scope="module", params=["docker", "bwrap"])
+@pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker), "bwrap"])
 def env(request):
     reason = skip_reason(request.param)
     if reason:

@@ -48,7 +48,8 @@ class SWEEnv(TextEnv):
     Args:
         suite: ``synthetic`` (bundled, generated) or ``quixbugs`` (needs the data).
         split: ``train`` / ``test`` (disjoint); QuixBugs also has ``all``.
-        n_tasks: Synthetic suite size for the split (default 45 train / 15 test).
+        n_tasks: Tasks in the split (synthetic: generated, default 45 train / 15 test; QuixBugs:
+            the first N programs of the split).
         data_dir: Local QuixBugs copy (default: ``$TURNGYM_DATA`` or the download cache).
         sandbox: Backend: ``auto`` (Docker, else bubblewrap), ``docker``, ``bwrap`` or ``local``
             (unsafe, unit tests only).
@@ -376,5 +377,7 @@ def _load_suite(suite: str, split: str, n_tasks: int | None, data_dir: str | Non
         from turngym.envs.swe.quixbugs import quixbugs_root, quixbugs_task, quixbugs_task_ids
 
         root = quixbugs_root(data_dir)
-        return {t: functools.partial(quixbugs_task, root, t) for t in quixbugs_task_ids(root, split)}
+        ids = quixbugs_task_ids(root, split)
+        ids = ids if n_tasks is None else ids[:n_tasks]
+        return {t: functools.partial(quixbugs_task, root, t) for t in ids}
     raise ValueError(f"unknown SWE suite {suite!r}; choose synthetic or quixbugs")
