@@ -112,7 +112,8 @@ def test_grounding_bonus_only_on_valid_actions():
 
 def test_online_mode_trains_on_each_batch_and_checkpoints():
     batches = [_toy_set(16, seed=s) for s in (10, 11, 12)]
-    spa = make_reward({"name": "spa", "dim": 256, "updates": 30, "lr": 1e-2, "bonus": 0.0, "history_turns": 0})
+    spa = make_reward({"name": "spa", "encoder": "hash", "dim": 256, "updates": 30, "lr": 1e-2, "bonus": 0.0,
+                       "history_turns": 0})
     assert isinstance(spa, ProgressReward) and spa.cfg.online
     errs = []
     for batch in batches:

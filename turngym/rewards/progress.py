@@ -134,13 +134,15 @@ class ProgressReward:
 
     Args:
         cfg: The knobs; keyword arguments override its fields (``make_reward({"name": "spa", ...})``).
-        encoder: An ``Encoder`` to use instead of ``cfg.encoder``.
+        encoder: An ``Encoder`` to use instead of ``cfg.encoder`` (a string sets ``cfg.encoder``).
 
     Raises:
         ValueError: an unknown knob.
     """
 
-    def __init__(self, cfg: SPAConfig | None = None, encoder: Encoder | None = None, **overrides: Any) -> None:
+    def __init__(self, cfg: SPAConfig | None = None, encoder: Encoder | str | None = None, **overrides: Any) -> None:
+        if isinstance(encoder, str):  # a spec's "encoder": "hash" names the config field
+            overrides["encoder"], encoder = encoder, None
         names = {f.name for f in fields(SPAConfig)}
         if set(overrides) - names:
             raise ValueError(f"unknown SPA knob(s) {sorted(set(overrides) - names)}; valid: {sorted(names)}")
