@@ -199,3 +199,17 @@ def test_reference_calls_wrapper_feeds_the_tool_use_reward():
     assert all(t.turns[0].info["reference_calls"] for t in trajs)
     assert ToolUseReward()(trajs) == [[1.0], [1.0]]  # the oracle's move is its own reference
     assert OutcomeReward()(trajs) == [[1.0], [1.0]]
+
+
+@pytest.mark.parametrize("name", ["reward_gra", "reward_spa", "reward_spa_gra", "reward_format"])
+def test_reward_configs_load_and_build(name):
+    from pathlib import Path
+
+    from turngym.trainers.config import load_yaml
+    from turngym.trainers.pipeline import TrainConfig
+
+    path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
+    cfg = load_yaml(TrainConfig, path)
+    rl = cfg.archer if cfg.algo == "archer" else cfg.pg
+    transform = make_reward(rl.reward)
+    assert transform([_traj([0.0, 0.0], 1.0)])[0][-1] > 0  # a solved episode is rewarded
