@@ -20,6 +20,7 @@ FAST_KWARGS = {
     "turngym/TextWorld-hard-v0": {"num_games": 1},
     "turngym/SWE-synthetic-v0": {"n_tasks": 2},
     "turngym/SWE-quixbugs-v0": {"n_tasks": 2},
+    "turngym/ALFWorld-v0": {"max_games": 2},
 }
 ENV_IDS = sorted(turngym.list_envs("turngym"))
 
