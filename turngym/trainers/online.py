@@ -8,12 +8,16 @@ from __future__ import annotations
 import copy
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
+
+import gymnasium as gym
+from tqdm.auto import tqdm
 
 import torch
 
 from turngym.agents.base import SamplingParams
+from turngym.trainers.logger import MetricsLogger, plot_learning_curve
 from turngym.trainers import functional as Fn
 from turngym.trainers.config import knob
 from turngym.trainers.rollout import EpisodeSpec, make_env_factory, rollout
@@ -209,3 +213,43 @@ def advantage_stats(adv: torch.Tensor, prefix: str = "adv") -> dict[str, float]:
         return {}
     return {f"{prefix}/mean": adv.mean().item(), f"{prefix}/std": adv.std(unbiased=False).item(),
             f"{prefix}/min": adv.min().item(), f"{prefix}/max": adv.max().item()}
+
+
+def split_task_ids(env_id: str, env_kwargs: dict) -> list[str]:
+    """The task ids of the split an env is made with (the tasks a trainer plays)."""
+    probe = gym.make(env_id, **env_kwargs)
+    try:
+        return list(probe.unwrapped.task_ids)
+    finally:
+        probe.close()
+
+
+def train_loop(trainer: Any, name: str, resume: bool, logger: MetricsLogger | None, progress: bool) -> list[dict]:
+    """Run ``trainer.step()`` until ``trainer.cfg.iterations``, logging every iteration and
+    checkpointing every ``cfg.checkpoint_every``; resumes from ``trainer.ckpt_dir`` when present.
+
+    ``trainer`` provides ``setup``, ``step``, ``save``, ``load``, ``cfg``, ``iteration``,
+    ``ckpt_dir``, ``out_dir`` and ``env_id`` (ArCHer and the PG family do).
+    """
+    if not trainer._ready:
+        trainer.setup()
+    resumed = resume and trainer.ckpt_dir.exists() and trainer.load(trainer.ckpt_dir)
+    own_logger = logger is None
+    logger = logger or MetricsLogger(trainer.out_dir, config=asdict(trainer.cfg), resume=bool(resumed))
+    cfg = trainer.cfg
+    bar = tqdm(total=cfg.iterations, initial=trainer.iteration, desc=name, disable=not progress)
+    rows = []
+    while trainer.iteration < cfg.iterations:
+        metrics = trainer.step()
+        logger.log(metrics, step=trainer.iteration)
+        rows.append(metrics)
+        bar.update(1)
+        bar.set_postfix(success=f"{metrics['rollout/success']:.2f}", steps=metrics["env_steps"])
+        every = cfg.checkpoint_every
+        if (every and trainer.iteration % every == 0) or trainer.iteration == cfg.iterations:
+            trainer.save(trainer.ckpt_dir)
+    bar.close()
+    plot_learning_curve(logger.rows(), trainer.out_dir / "learning_curve.png", title=f"{name} on {trainer.env_id}")
+    if own_logger:
+        logger.close()
+    return rows

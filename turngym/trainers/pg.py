@@ -20,17 +20,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
-from tqdm.auto import tqdm
 
 from turngym.rewards import make_reward
 from turngym.trainers import functional as Fn
 from turngym.trainers.checkpoint import load_checkpoint, save_checkpoint
 from turngym.trainers.config import knob
-from turngym.trainers.logger import MetricsLogger, plot_learning_curve
+from turngym.trainers.logger import MetricsLogger
 from turngym.trainers.online import (
-    OnlineConfig, actor_update, advantage_stats, collect, frozen_copy, prepare_trainable, reference_pass, task_schedule,
+    OnlineConfig, actor_update, advantage_stats, collect, frozen_copy, prepare_trainable, reference_pass,
+    split_task_ids, task_schedule, train_loop,
 )
 from turngym.trainers.sequences import pack_batch
 from turngym.types import Trajectory
@@ -113,34 +112,12 @@ class PGTrainer:
         self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.reward_fn = make_reward(cfg.reward)
-        probe = gym.make(self.env_id, **self.env_kwargs)
-        self.task_ids = list(probe.unwrapped.task_ids)
-        probe.close()
+        self.task_ids = split_task_ids(self.env_id, self.env_kwargs)
         self._ready = True
 
     def train(self, resume: bool = True, logger: MetricsLogger | None = None, progress: bool = True) -> list[dict]:
         """Run until ``cfg.iterations``; resumes from ``out_dir/checkpoint`` when present."""
-        if not self._ready:
-            self.setup()
-        resumed = resume and self.ckpt_dir.exists() and self.load(self.ckpt_dir)
-        own_logger = logger is None
-        logger = logger or MetricsLogger(self.out_dir, config=asdict(self.cfg), resume=bool(resumed))
-        bar = tqdm(total=self.cfg.iterations, initial=self.iteration, desc=self.cfg.algo, disable=not progress)
-        rows = []
-        while self.iteration < self.cfg.iterations:
-            metrics = self.step()
-            logger.log(metrics, step=self.iteration)
-            rows.append(metrics)
-            bar.update(1)
-            bar.set_postfix(success=f"{metrics['rollout/success']:.2f}")
-            every = self.cfg.checkpoint_every
-            if (every and self.iteration % every == 0) or self.iteration == self.cfg.iterations:
-                self.save(self.ckpt_dir)
-        bar.close()
-        plot_learning_curve(logger.rows(), self.out_dir / "learning_curve.png", title=f"{self.cfg.algo} on {self.env_id}")
-        if own_logger:
-            logger.close()
-        return rows
+        return train_loop(self, self.cfg.algo, resume, logger, progress)
 
     def step(self) -> dict[str, float]:
         cfg = self.cfg
