@@ -138,3 +138,20 @@ def test_sft_lowers_the_expert_nll(policy):
     first = sft(policy, ENV, SFTConfig(episodes=4, epochs=1, lr=1e-3, batch_size=2), progress=False)
     again = sft(policy, ENV, SFTConfig(episodes=4, epochs=3, lr=1e-3, batch_size=2), progress=False)
     assert first["sft/episodes"] == 4 and again["sft/loss"] < first["sft/loss"]
+
+
+@pytest.mark.parametrize("trainable", ["lora", "top:1"])
+def test_trainable_switches_train_only_what_they_say(policy, tmp_path, trainable):
+    # ArCHer: its critic gives non-zero advantages even when every episode earns the same reward
+    trainer = ArcherTrainer(policy, ENV, _archer_cfg(iterations=1, trainable=trainable, actor_lr=1e-2), out_dir=tmp_path)
+    trainer.setup()
+    names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    if trainable == "lora":
+        assert names and all("lora_" in n for n in names)
+    else:
+        assert names and all(".layers.1." in n or n.endswith("norm.weight") for n in names)
+    frozen_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    before = _params(trainer.model)
+    trainer.step()
+    assert any(not torch.equal(before[n], p) for n, p in _params(trainer.model).items())
+    assert all(torch.equal(frozen_before[n], p) for n, p in trainer.model.named_parameters() if n in frozen_before)
