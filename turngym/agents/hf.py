@@ -146,7 +146,7 @@ class HFPolicy:
         stops = [list(sampling.stop) + _format_stops(c) for c in convs]
         turns = [len(self.chat.state(c).sampling_logprobs) for c in convs]
         rows = [i for i, p in enumerate(prompts) if len(p) < self.max_len]
-        caches = [self._cache(convs[i], prompts[i]) for i in rows]
+        caches = [self._cache(convs[i]) for i in rows]
         gens, new_caches = self.generate(
             [prompts[i] for i in rows], sampling, [stops[i] for i in rows], caches, [turns[i] for i in rows]
         )
@@ -165,7 +165,7 @@ class HFPolicy:
             ))
         return out
 
-    def _cache(self, conv: Conversation, prompt: list[int]) -> RowCache | None:
+    def _cache(self, conv: Conversation) -> RowCache | None:
         held = conv.state.get(KV_KEY)
         if not self.reuse_cache or not held or held[0] != id(self) or held[1].epoch != self.epoch:
             return None
@@ -186,7 +186,7 @@ class HFPolicy:
         Args:
             prompts: Prompt ids per row.
             sampling: Sampling parameters.
-            stop: Stop strings per row (kept in the ids and text).
+            stops: Stop strings per row (kept in the ids and text).
             caches: Per row, a cache whose ids may prefix the prompt (reused up to the common prefix).
             turns: Per row, the turn index (mixed into the per-row seed).
 
