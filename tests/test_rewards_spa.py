@@ -139,3 +139,19 @@ def test_spa_does_not_move_the_global_rng_and_rejects_unknown_knobs():
     torch.testing.assert_close(torch.rand(1), want)
     with pytest.raises(ValueError, match="unknown SPA knob"):
         make_reward({"name": "spa", "alhpa": 1.0})
+
+
+def test_nested_spa_state_round_trips_through_the_reward_tree(tmp_path):
+    from turngym.rewards import load_reward_state_dict, reward_state_dict
+
+    spec = ["outcome", {"name": "gated", "tau": 1.0, "step": [{"name": "spa", "dim": 128, "updates": 5}]}]
+    a, b = make_reward(spec), make_reward(spec)
+    a(_toy_set(8, seed=5))
+    state = reward_state_dict(a)
+    assert list(state) == ["0/1/1"]  # Sum -> gated (part 1) -> its step transform (child 1)
+    torch.save(state, tmp_path / "r.pt")
+    load_reward_state_dict(b, torch.load(tmp_path / "r.pt", weights_only=False))
+    probe = _toy_set(4, seed=6)
+    assert a(probe) == b(probe)
+    with pytest.raises(ValueError, match="reward state"):
+        load_reward_state_dict(make_reward("outcome"), state)

@@ -155,3 +155,31 @@ def reward_stats(transform: Any) -> dict[str, float]:
         if callable(children):
             stack.extend(children())
     return out
+
+
+def _stateful(transform: Any, path: str = "0") -> list[tuple[str, Any]]:
+    """``(path, transform)`` for every transform with a ``state_dict``, in a fixed tree order."""
+    found = [(path, transform)] if callable(getattr(transform, "state_dict", None)) else []
+    children = getattr(transform, "children", None)
+    for i, child in enumerate(children() if callable(children) else []):
+        found += _stateful(child, f"{path}/{i}")
+    return found
+
+
+def reward_state_dict(transform: Any) -> dict[str, Any]:
+    """The state of every learned transform inside ``transform`` (e.g. SPA's estimator), keyed by
+    its position in the tree, for a trainer's checkpoint. Empty when nothing is learned."""
+    return {path: t.state_dict() for path, t in _stateful(transform)}
+
+
+def load_reward_state_dict(transform: Any, state: dict[str, Any]) -> None:
+    """Restore what ``reward_state_dict`` saved into a transform built from the same spec.
+
+    Raises:
+        ValueError: the saved state does not match the transform's learned parts.
+    """
+    parts = dict(_stateful(transform))
+    if set(parts) != set(state):
+        raise ValueError(f"reward state has parts {sorted(state)} but the transform has {sorted(parts)}")
+    for path, t in parts.items():
+        t.load_state_dict(state[path])
