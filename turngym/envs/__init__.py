@@ -17,4 +17,6 @@ for _family in BUILTIN_FAMILIES:
     if importlib.util.find_spec(f"turngym.envs.{_family}") is not None:
         importlib.import_module(f"turngym.envs.{_family}")
 
+import turngym.envs.wrappers  # noqa: E402,F401  (registers the *-shaped-v0 variants)
+
 __all__ = ["TextEnv", "StepOutcome", "MessageSpace", "UtteranceSpace", "register", "make", "describe", "list_envs"]

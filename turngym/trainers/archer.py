@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from turngym.rewards import make_reward
+from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict, reward_stats
 from turngym.trainers import functional as Fn
 from turngym.trainers.checkpoint import load_checkpoint, save_checkpoint
 from turngym.trainers.config import knob
@@ -94,7 +94,7 @@ class ArcherTrainer:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         self.ref = frozen_copy(self.policy.model)
-        self.policy.model = prepare_trainable(self.policy.model, cfg)
+        self.policy.model = prepare_trainable(self.policy.model, cfg.trainable, cfg.lora_r, cfg.lora_alpha)
         self.model = self.policy.model
         self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
         self.encoder = self.ref if cfg.critic_encoder == "reference" else TextFeatureEncoder(cfg.critic_encoder)
@@ -127,9 +127,10 @@ class ArcherTrainer:
         trajs, metrics = collect(self.policy, self.env_id, self.env_kwargs, specs, cfg, self.iteration)
         _check_tokens(trajs)
         rewards = self.reward_fn(trajs)
+        metrics.update(reward_stats(self.reward_fn))  # G-RA gate rates, SPA fit error, shaping...
         # 2. one reference forward per episode: KL anchor and critic features
         batch = pack_batch(trajs, self.policy.pad_id)
-        ref_logprobs, hidden = reference_pass(self.ref, batch, hidden=cfg.critic_encoder == "reference")
+        ref_logprobs, hidden = reference_pass(self.ref, batch, cfg.critic_encoder == "reference", cfg.autocast)
         s_feat, sa_feat = self._features(batch, hidden, trajs)
         r, done, next_feat = _transitions(batch, rewards, s_feat)
         self.buffer.add(s_feat, sa_feat, r, done, next_feat)
@@ -210,6 +211,7 @@ class ArcherTrainer:
             "baseline_opt": self.baseline_opt.state_dict() if self.baseline_opt else None,
             "gen": self.gen.get_state(), "iteration": self.iteration, "env_steps": self.env_steps,
             "critic_steps": self.critic_steps, "config": asdict(self.cfg),
+            "reward": reward_state_dict(self.reward_fn),  # e.g. SPA's estimator
         })
 
     def load(self, path: str | Path) -> bool:
@@ -226,6 +228,7 @@ class ArcherTrainer:
             self.baseline.load_state_dict(st["baseline"])
             self.baseline_opt.load_state_dict(st["baseline_opt"])
         self.gen.set_state(st["gen"])
+        load_reward_state_dict(self.reward_fn, st.get("reward", {}))
         self.iteration, self.env_steps, self.critic_steps = st["iteration"], st["env_steps"], st["critic_steps"]
         self.policy.invalidate_caches()
         return True

@@ -18,7 +18,10 @@ T = TypeVar("T")
 
 
 def knob(default: Any, help: str) -> Any:
-    """A dataclass field with a one-line help (mutable defaults are copied per instance)."""
+    """A dataclass field with a one-line help (mutable defaults are copied per instance; a nested
+    config given as a zero-argument callable is built per instance)."""
+    if callable(default) and (not isinstance(default, type) or dataclasses.is_dataclass(default)):
+        return dataclasses.field(default_factory=default, metadata={"help": help})
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
     return dataclasses.field(default=default, metadata={"help": help})
@@ -38,12 +41,24 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     if unknown:
         raise ValueError(f"unknown config key(s) {unknown} in {where or cls.__name__}; valid keys: {sorted(names)}")
     kwargs = {}
+    defaults = {f.name: f for f in dataclasses.fields(cls)}
     for key, value in data.items():
         tp = hints[key]
         if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-            value = from_dict(tp, value, f"{where}{key}.")
+            # a nested section overrides the parent's default for it, field by field
+            base = _default_of(defaults[key])
+            merged = {**(dataclasses.asdict(base) if base is not None else {}), **value}
+            value = from_dict(tp, merged, f"{where}{key}.")
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -79,15 +94,15 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
     return from_dict(type(cfg), data)
 
 
-def describe(cls: type) -> str:
-    """Every field with its default and help, one per line (for ``--help``-style listings)."""
+def describe(cfg: Any) -> str:
+    """Every field of a config (class or instance) with its value and help, one per line."""
+    inst = cfg() if isinstance(cfg, type) else cfg
     lines = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        if dataclasses.is_dataclass(hints[f.name]):
+    for f in dataclasses.fields(inst):
+        value = getattr(inst, f.name)
+        if dataclasses.is_dataclass(value):
             lines.append(f"{f.name}:  # {f.metadata.get('help', '')}")
-            lines += ["  " + ln for ln in describe(hints[f.name]).splitlines()]
+            lines += ["  " + ln for ln in describe(value).splitlines()]
         else:
-            lines.append(f"{f.name} = {default!r}  # {f.metadata.get('help', '')}")
+            lines.append(f"{f.name} = {value!r}  # {f.metadata.get('help', '')}")
     return "\n".join(lines)

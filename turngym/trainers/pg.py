@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from turngym.rewards import make_reward
+from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict, reward_stats
 from turngym.trainers import functional as Fn
 from turngym.trainers.checkpoint import load_checkpoint, save_checkpoint
 from turngym.trainers.config import knob
@@ -107,7 +107,7 @@ class PGTrainer:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         self.ref = frozen_copy(self.policy.model) if cfg.kl_coef > 0 else None
-        self.policy.model = prepare_trainable(self.policy.model, cfg)
+        self.policy.model = prepare_trainable(self.policy.model, cfg.trainable, cfg.lora_r, cfg.lora_alpha)
         self.model = self.policy.model
         self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
         self.gen = torch.Generator().manual_seed(cfg.seed)
@@ -124,12 +124,13 @@ class PGTrainer:
         specs = task_schedule(self.task_ids, cfg.episodes_per_iter, cfg.seed, self.iteration, cfg.group_size)
         trajs, metrics = collect(self.policy, self.env_id, self.env_kwargs, specs, cfg, self.iteration)
         rewards = self.reward_fn(trajs)
+        metrics.update(reward_stats(self.reward_fn))  # G-RA gate rates, SPA fit error, shaping...
         per_turn = turn_advantages(trajs, rewards, cfg)
         batch = pack_batch(trajs, self.policy.pad_id)
         adv = torch.tensor([per_turn[ti][k] for ti, k in batch.turn_refs], dtype=torch.float32)
         if cfg.normalize_advantages and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-6)
-        ref_logprobs = reference_pass(self.ref, batch, hidden=False)[0] if self.ref is not None else None
+        ref_logprobs = reference_pass(self.ref, batch, False, cfg.autocast)[0] if self.ref is not None else None
         metrics.update(advantage_stats(adv))
         if adv.abs().sum() > 0:  # all-equal groups carry no signal: skip the update, keep the data count
             metrics.update(actor_update(self.model, self.actor_opt, batch, adv[batch.token_turn], ref_logprobs, cfg, self.gen))
@@ -142,6 +143,7 @@ class PGTrainer:
         return save_checkpoint(path, {
             "model": self.model.state_dict(), "actor_opt": self.actor_opt.state_dict(), "gen": self.gen.get_state(),
             "iteration": self.iteration, "env_steps": self.env_steps, "config": asdict(self.cfg),
+            "reward": reward_state_dict(self.reward_fn),  # e.g. SPA's estimator
         })
 
     def load(self, path: str | Path) -> bool:
@@ -151,6 +153,7 @@ class PGTrainer:
         self.model.load_state_dict(st["model"])
         self.actor_opt.load_state_dict(st["actor_opt"])
         self.gen.set_state(st["gen"])
+        load_reward_state_dict(self.reward_fn, st.get("reward", {}))
         self.iteration, self.env_steps = st["iteration"], st["env_steps"]
         self.policy.invalidate_caches()
         return True

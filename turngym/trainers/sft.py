@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from turngym.agents.base import Conversation
 from turngym.agents.scripted import OracleAgent
 from turngym.trainers.config import knob
+from turngym.trainers.online import autocast, prepare_trainable
 from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
 from turngym.trainers.sequences import pack_batch, score
 from turngym.trainers.workers import describe_env
@@ -44,6 +45,8 @@ class SFTConfig:
     lr: float = knob(5e-5, "learning rate (AdamW)")
     batch_size: int = knob(4, "episodes per optimizer step")
     max_grad_norm: float = knob(1.0, "gradient clipping")
+    trainable: str = knob("all", "all | top:K | lora (adapters are merged back after SFT)")
+    autocast: str = knob("bf16", "bf16 | none: mixed precision for the forwards (weights stay fp32)")
     seed: int = knob(0, "seeds the expert episodes and the data order")
 
     def __post_init__(self) -> None:
@@ -97,7 +100,7 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
     if not experts:
         raise RuntimeError(f"the oracle of {env_id} solved no episode; nothing to imitate")
     data = [tokenize_expert(policy, t, desc["tools"], desc["tool_format"]) for t in experts]
-    model = policy.model
+    model = policy.model = prepare_trainable(policy.model, cfg.trainable)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     rng = random.Random(cfg.seed)
@@ -111,7 +114,8 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
         total, count = 0.0, 0
         for i in range(0, len(order), cfg.batch_size):
             batch = pack_batch([data[j] for j in order[i : i + cfg.batch_size]], policy.pad_id)
-            loss = -score(model, batch).logprobs.mean()
+            with autocast(model, cfg.autocast):
+                loss = -score(model, batch).logprobs.mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
@@ -125,6 +129,10 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
         epoch_loss = total / max(count, 1)
     bar.close()
     model.eval()
+    if hasattr(model, "merge_and_unload"):  # LoRA: fold the adapters back into plain weights
+        policy.model = model.merge_and_unload()
+    for p in policy.model.parameters():
+        p.requires_grad_(True)  # the next stage chooses its own trainable set
     policy.invalidate_caches()
     return {"sft/loss": epoch_loss, "sft/episodes": len(data), "sft/seconds": time.perf_counter() - t0}
 
