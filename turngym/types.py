@@ -143,8 +143,9 @@ class Turn:
     """One agent utterance and what the env sent back.
 
     ``prompt_ids`` is the exact token sequence the policy was conditioned on; ``action_ids`` /
-    ``action_logprobs`` are the tokens it sampled and their log-probabilities under the sampling
-    policy. ``info`` holds the env step's info (``action_valid``, ``state_key``, ``elapsed_s``, ...).
+    ``action_logprobs`` are the tokens it sampled and their log-probabilities under the model at
+    temperature 1 (no top-p), recorded at sampling time. With the trainers' default sampling
+    (temperature 1, top-p 1) that is the behaviour policy, so PPO ratios against it are exact. ``info`` holds the env step's info (``action_valid``, ``state_key``, ``elapsed_s``, ...).
     """
 
     action_text: str

@@ -190,6 +190,15 @@ class OpenAIFormat(HermesFormat):
             out.errors.append(self._usage("the tool_calls list is empty", tools))
         return out
 
+    def render_tools(self, specs: list[ToolSpec]) -> str:
+        lines = "\n".join(json.dumps(s.to_openai()) for s in specs)
+        example = json.dumps({"content": "", "tool_calls": [{"id": "call_0", "type": "function", "function": {
+            "name": "<function-name>", "arguments": "<arguments as a JSON string>"}}]})
+        return (
+            "# Tools\n\nYou may call these functions:\n" + lines + "\n\n"
+            "Reply with one JSON object and nothing else, in OpenAI's tool-call layout:\n" + example
+        )
+
     def render_call(self, call: ToolCall, tools: ToolRegistry | None = None) -> str:
         fn = {"name": call.name, "arguments": json.dumps(call.arguments)}
         return json.dumps({"content": "", "tool_calls": [{"id": call.id, "type": "function", "function": fn}]})

@@ -29,7 +29,8 @@ class PackedBatch:
         score_mask: ``(B, T)`` bool; True at position p when token p+1 is a policy token
             (the hidden state at p predicts it).
         targets: ``(B, T)`` the token each scored position predicts (``input_ids`` shifted left).
-        old_logprobs: ``(M,)`` recorded sampling log-probs of the scored tokens, in mask order.
+        old_logprobs: ``(M,)`` log-probs recorded at sampling time (model at temperature 1) of the
+            scored tokens, in mask order.
         token_turn: ``(M,)`` flat turn index of each scored token.
         state_pos, action_pos: ``(N, 2)`` ``(row, position)`` of each turn's last prompt token and
             last action token (critic features are read there).
