@@ -1,0 +1,44 @@
+from pathlib import Path
+
+import pytest
+
+from turngym.trainers.archer import ArcherConfig
+from turngym.trainers.config import apply_overrides, from_dict, load_yaml
+from turngym.trainers.pg import PGConfig
+from turngym.trainers.pipeline import TrainConfig
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_quickstart_yaml_is_the_default_train_config():
+    assert load_yaml(TrainConfig, CONFIGS / "quickstart.yaml") == TrainConfig()
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_bundled_config_loads(path):
+    load_yaml(TrainConfig, path)
+
+
+def test_unknown_keys_are_errors_that_name_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown config key.*'iteratons'.*valid keys"):
+        from_dict(TrainConfig, {"archer": {"iteratons": 3}})
+    with pytest.raises(ValueError, match="no field 'lrr'"):
+        apply_overrides(TrainConfig(), ["sft.lrr=1"])
+
+
+def test_nested_sections_override_field_by_field():
+    cfg = from_dict(TrainConfig, {"archer": {"iterations": 2}})
+    assert cfg.archer.iterations == 2 and cfg.archer.trainable == TrainConfig().archer.trainable
+    cfg = apply_overrides(TrainConfig(), ["algo=gigpo", "pg.group_size=2", "env_kwargs={tool_format: hermes}"])
+    assert cfg.pg.algo == "gigpo" and cfg.pg.group_size == 2 and cfg.env_kwargs == {"tool_format": "hermes"}
+
+
+def test_cross_field_checks_fail_fast():
+    with pytest.raises(ValueError, match="group_size"):
+        PGConfig(algo="grpo", group_size=1)
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        PGConfig(episodes_per_iter=10, group_size=4)
+    with pytest.raises(ValueError, match="tau"):
+        ArcherConfig(tau=0.0)
+    with pytest.raises(ValueError, match="algo"):
+        TrainConfig(algo="ppo")
