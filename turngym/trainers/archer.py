@@ -138,7 +138,7 @@ class ArcherTrainer:
         metrics.update(self._critic_updates(cfg.critic_updates))
         # 4. utterance advantages A = min(Q1, Q2) - V, broadcast to tokens, then the actor
         with torch.no_grad():
-            q1, q2 = self.critic.q_values(sa_feat)
+            q1, q2 = self.critic.q_values(s_feat, sa_feat)
             q = Fn.double_q_min(q1, q2)
             adv = Fn.utterance_advantage(q, self.critic.value(s_feat))
         if cfg.normalize_advantages and adv.numel() > 1:
@@ -170,8 +170,8 @@ class ArcherTrainer:
             b = self.buffer.sample(cfg.critic_batch_size)
             with torch.no_grad():
                 y = Fn.td_target(b["reward"], self.critic_target.value(b["next_s"]), b["done"], cfg.gamma)
-                y_v = Fn.double_q_min(*self.critic_target.q_values(b["sa"]))
-            q1_raw, q2_raw = self.critic.q1(b["sa"]), self.critic.q2(b["sa"])
+                y_v = Fn.double_q_min(*self.critic_target.q_values(b["s"], b["sa"]))
+            q1_raw, q2_raw = self.critic.q_raw(b["s"], b["sa"])
             q_loss = self.critic.value_loss(q1_raw, y) + self.critic.value_loss(q2_raw, y)
             v_loss = self.critic.value_loss(self.critic.v(b["s"]), y_v)
             self.critic_opt.zero_grad(set_to_none=True)

@@ -54,8 +54,11 @@ class UtteranceCritic(nn.Module):
         super().__init__()
         out = num_atoms if categorical else 1
         self.categorical = categorical
-        self.q1 = ValueHead(feat_dim, hidden_dim, out)
-        self.q2 = ValueHead(feat_dim, hidden_dim, out)
+        # Q reads [phi(s), phi(s, a)]: a causal LM's state at the action's last token is dominated by
+        # the action's own tokens, and without phi(s) the heads cannot tell one state from another
+        # (seen in practice: "take coin" valued highly in every room).
+        self.q1 = ValueHead(2 * feat_dim, hidden_dim, out)
+        self.q2 = ValueHead(2 * feat_dim, hidden_dim, out)
         self.v = ValueHead(feat_dim, hidden_dim, out)
         self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms))
         # sigma = 0.75 bin widths, the paper's recommended ratio
@@ -70,8 +73,13 @@ class UtteranceCritic(nn.Module):
             return Fn.categorical_value_loss(raw, target, self.support, self.sigma)
         return torch.nn.functional.mse_loss(raw, target)
 
-    def q_values(self, sa_feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.scalar(self.q1(sa_feat)), self.scalar(self.q2(sa_feat))
+    def q_raw(self, s_feat: torch.Tensor, sa_feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([s_feat, sa_feat], dim=-1)
+        return self.q1(x), self.q2(x)
+
+    def q_values(self, s_feat: torch.Tensor, sa_feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q1, q2 = self.q_raw(s_feat, sa_feat)
+        return self.scalar(q1), self.scalar(q2)
 
     def value(self, s_feat: torch.Tensor) -> torch.Tensor:
         return self.scalar(self.v(s_feat))

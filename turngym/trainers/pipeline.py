@@ -41,7 +41,7 @@ def _quickstart_sft() -> SFTConfig:
 
 def _quickstart_archer() -> ArcherConfig:
     return ArcherConfig(iterations=8, episodes_per_iter=16, num_envs=16, max_new_tokens=16, trainable="top:8",
-                        actor_lr=2e-5, critic_updates=50, critic_warmup=50)
+                        actor_lr=2e-5, critic_updates=50, critic_warmup=100, kl_coef=0.1)
 
 
 def _quickstart_pg() -> PGConfig:
