@@ -30,7 +30,7 @@ def build_model(kind: str, tokenizer):
     if kind == "default":
         from turngym.agents.default_model import load_default_model
 
-        return load_default_model()
+        return load_default_model()[0]  # (model, tokenizer)
     from fixtures_model import build_tiny_model
 
     return build_tiny_model(tokenizer)

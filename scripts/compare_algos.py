@@ -17,14 +17,15 @@ from pathlib import Path
 
 import torch
 
+from dataclasses import asdict
+
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
 from turngym.trainers.logger import MetricsLogger
 from turngym.trainers.pg import PGConfig, PGTrainer
 from turngym.trainers.pipeline import EvalConfig, TrainConfig, evaluate_policy, load_policy
 from turngym.trainers.sft import SFTConfig, sft
 
-COMMON = dict(episodes_per_iter=16, num_envs=16, max_new_tokens=24, trainable="top:8", actor_lr=2e-5, seed=0,
-              checkpoint_every=0)
+QUICKSTART = TrainConfig()  # same knobs as `turngym train`; only the stopping rule differs
 
 
 def warm_start(args, out: Path):
@@ -33,18 +34,24 @@ def warm_start(args, out: Path):
     if weights.exists():
         policy.model.load_state_dict(torch.load(weights, map_location="cpu"))
     else:
-        sft(policy, args.env, SFTConfig(episodes=args.sft_episodes, epochs=args.sft_epochs), env_kwargs={"split": "train"})
+        sft_cfg = SFTConfig(**{**asdict(QUICKSTART.sft), "episodes": args.sft_episodes, "epochs": args.sft_epochs})
+        sft(policy, args.env, sft_cfg, env_kwargs=_env_kwargs("train"))
         torch.save(policy.model.state_dict(), weights)
     policy.invalidate_caches()
     return policy
 
 
+def _env_kwargs(split: str) -> dict:
+    return {**QUICKSTART.env_kwargs, "split": split}
+
+
 def make_trainer(algo: str, policy, env: str, out: Path):
+    # the budget is counted in env steps by the caller, so the iteration cap is only a ceiling
     if algo == "archer":
-        cfg = ArcherConfig(iterations=10**6, critic_updates=50, critic_warmup=50, **COMMON)
-        return ArcherTrainer(policy, env, cfg, env_kwargs={"split": "train"}, out_dir=out / algo)
-    cfg = PGConfig(algo=algo, iterations=10**6, group_size=4, **COMMON)
-    return PGTrainer(policy, env, cfg, env_kwargs={"split": "train"}, out_dir=out / algo)
+        cfg = ArcherConfig(**{**asdict(QUICKSTART.archer), "iterations": 10**6, "checkpoint_every": 0})
+        return ArcherTrainer(policy, env, cfg, env_kwargs=_env_kwargs("train"), out_dir=out / algo)
+    cfg = PGConfig(**{**asdict(QUICKSTART.pg), "algo": algo, "iterations": 10**6, "checkpoint_every": 0})
+    return PGTrainer(policy, env, cfg, env_kwargs=_env_kwargs("train"), out_dir=out / algo)
 
 
 def steps_to_target(rows: list[dict], target: float) -> int | None:
@@ -63,7 +70,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=400, help="env steps per algorithm")
     ap.add_argument("--target", type=float, default=0.6, help="training success to reach")
     ap.add_argument("--sft-episodes", type=int, default=24)
-    ap.add_argument("--sft-epochs", type=int, default=1)
+    ap.add_argument("--sft-epochs", type=int, default=2)
     ap.add_argument("--eval-episodes", type=int, default=20)
     ap.add_argument("--out", default="runs/compare")
     args = ap.parse_args()
@@ -71,6 +78,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     eval_cfg = TrainConfig(env_id=args.env, model=args.model, output_dir=str(out),
                            eval=EvalConfig(episodes=args.eval_episodes, num_envs=args.eval_episodes))
+    print(f"equal budgets: {args.budget} env steps per algorithm, seed {QUICKSTART.seed}, from one SFT warm start")
     results = {}
     for algo in args.algos.split(","):
         policy = warm_start(args, out)
