@@ -119,7 +119,8 @@ def time_trl(trainer, inputs) -> float:
 def time_ours(model, opt, batch) -> float:
     from turngym.trainers.online import OnlineConfig, actor_update
 
-    cfg = OnlineConfig(minibatch_size=batch.input_ids.shape[0], clip_coef=0.2, kl_coef=0.0)
+    # fp32 like TRL's run (bf16=False): the ratio compares the update code, not the precision
+    cfg = OnlineConfig(minibatch_size=batch.input_ids.shape[0], clip_coef=0.2, kl_coef=0.0, autocast="none")
     adv = torch.linspace(-1, 1, len(batch.turn_refs))[batch.token_turn]
     t0 = time.perf_counter()
     actor_update(model, opt, batch, adv, None, cfg, torch.Generator().manual_seed(0))
