@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from turngym.envs.alfworld.games import AlfworldGame, alfworld_root, list_games
+from turngym.envs.walkthrough import WalkthroughMixin
 from turngym.envs.base import StepOutcome, TextEnv
 from turngym.tools.base import Tool
 from turngym.tools.formats import ParsedAction
@@ -38,7 +39,7 @@ def normalize_command(command: str) -> str:
     return " ".join("".join(ch if ch.isprintable() else " " for ch in command).lower().split())
 
 
-class ALFWorldEnv(TextEnv):
+class ALFWorldEnv(WalkthroughMixin, TextEnv):
     """ALFWorld: six kinds of household tasks (pick, look, clean, heat, cool, pick two) as text games.
 
     Args:
@@ -149,21 +150,6 @@ class ALFWorldEnv(TextEnv):
         self._rejected = text == _NOTHING
         self._follow_walkthrough(cmd, key_before)
         return text if self._won else self._with_admissible(text)
-
-    def _follow_walkthrough(self, cmd: str, key_before: str) -> None:
-        # The walkthrough stays the plan while the agent plays it, or while its own commands
-        # leave the world unchanged (look, examine, inventory, a rejected command).
-        if not self._on_path:
-            return
-        if self._wt_pos < len(self._plan) and cmd == self._plan[self._wt_pos]:
-            self._wt_pos += 1
-        elif self._key != key_before:
-            self._on_path = False
-
-    def _with_admissible(self, text: str) -> str:
-        if not self.admissible_in_obs:
-            return text
-        return f"{text}\n\nAdmissible commands: {', '.join(self._gs.get('admissible_commands') or [])}"
 
     def _step_outcome(self, parsed: ParsedAction, results: list[ToolResult]) -> StepOutcome:
         reward = float(self._won and not self._turn_won)

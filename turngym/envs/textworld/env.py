@@ -14,6 +14,7 @@ import re
 import warnings
 from typing import Any
 
+from turngym.envs.walkthrough import WalkthroughMixin
 from turngym.envs.base import StepOutcome, TextEnv
 from turngym.envs.textworld.games import GameRecord, ensure_games, get_suite, split_dir
 from turngym.tools.base import Tool
@@ -100,7 +101,7 @@ def check_command(command: str) -> str | None:
     return None
 
 
-class TextWorldEnv(TextEnv):
+class TextWorldEnv(WalkthroughMixin, TextEnv):
     """TextWorld text adventures (coin collector, treasure hunter, cooking) on an easy/medium/hard ladder.
 
     Args:
@@ -252,21 +253,6 @@ class TextWorldEnv(TextEnv):
             self._rejected = True
         self._follow_walkthrough(cmd, key_before)
         return self._with_admissible(text) if not (self._won or self._lost) else text
-
-    def _follow_walkthrough(self, cmd: str, key_before: str) -> None:
-        # The walkthrough stays the oracle's plan while the agent plays it, or while the agent's
-        # own commands leave the world unchanged (look, examine, a rejected command).
-        if not self._on_path:
-            return
-        if self._wt_pos < len(self._plan) and cmd == self._plan[self._wt_pos]:
-            self._wt_pos += 1
-        elif self._key != key_before:
-            self._on_path = False
-
-    def _with_admissible(self, text: str) -> str:
-        if not self.admissible_in_obs:
-            return text
-        return f"{text}\n\nAdmissible commands: {', '.join(self._gs.get('admissible_commands') or [])}"
 
     def _step_outcome(self, parsed: ParsedAction, results: list[ToolResult]) -> StepOutcome:
         if self.reward_mode == "dense":
