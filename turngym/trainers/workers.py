@@ -1,23 +1,53 @@
-"""Env handles: the env in this process, or in a subprocess worker with a per-step timeout.
+"""Env handles: one env, in this process, on a thread, in a subprocess worker, or in a Ray actor.
 
-Both expose ``reset``, ``step``, ``describe`` and ``close`` with the env's own signatures. A worker
-that crashes or hangs past its timeout is killed and replaced by a fresh one, and the call raises
-``EnvCrashed`` so the rollout can mark that episode truncated instead of losing it.
+Every handle follows the same protocol, so rollout code never asks where an env lives:
+
+- blocking ``reset(**kw)``, ``step(action)``, ``describe()``, ``restart()``, ``close()``;
+- non-blocking ``send(cmd, payload)`` (``cmd`` is ``"reset"`` with a kwargs dict, or ``"step"``
+  with the action) and ``recv()``, which waits for the last send's result, at most the handle's
+  ``timeout_s``; ``poll()`` says, without waiting, whether that result is ready.
+  ``reset``/``step`` are ``send`` followed by ``recv``.
+
+A call that raises, crashes the worker or runs past the timeout restarts the handle, and ``recv``
+raises ``EnvCrashed`` so the rollout can mark that episode truncated instead of losing it.
+One call may be in flight per handle; ``send`` twice without ``recv`` is an error.
+
+``make_handle(kind, make_env, timeout_s)`` builds one: ``"local"`` (``LocalEnv``, the call runs
+inside ``send``), ``"thread"`` (``LocalEnv`` running each call on a thread, so envs whose steps wait
+on I/O step at once), ``"subprocess"`` (``SubprocessEnv``) or ``"ray"``
+(``turngym.trainers.ray_backend.RayEnv``, the ``[ray]`` extra).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import gymnasium as gym
 
 EnvFactory = Callable[[], gym.Env]
+HANDLE_KINDS = ("local", "thread", "subprocess", "ray")
 
 
 class EnvCrashed(RuntimeError):
     """The env raised, crashed or timed out; the handle has been restarted."""
+
+
+class EnvHandle(Protocol):
+    """What rollout code needs from an env wherever it runs (see the module docstring)."""
+
+    timeout_s: float | None
+
+    def send(self, cmd: str, payload: Any = None) -> None: ...
+    def recv(self) -> Any: ...
+    def poll(self) -> bool: ...
+    def reset(self, **kw: Any) -> tuple: ...
+    def step(self, action: Any) -> tuple: ...
+    def describe(self) -> dict[str, Any]: ...
+    def restart(self) -> None: ...
+    def close(self) -> None: ...
 
 
 def describe_env(env: gym.Env) -> dict[str, Any]:
@@ -31,34 +61,148 @@ def describe_env(env: gym.Env) -> dict[str, Any]:
     }
 
 
-class LocalEnv:
-    """The env in this process. Exceptions from it become ``EnvCrashed`` and the env is rebuilt."""
+def make_handle(kind: str, make_env: EnvFactory, timeout_s: float | None = 60.0) -> EnvHandle:
+    """Build an env handle.
 
-    def __init__(self, make_env: EnvFactory) -> None:
-        self._make = make_env
-        self.env = make_env()
+    Args:
+        kind: ``"local"`` | ``"thread"`` | ``"subprocess"`` | ``"ray"``.
+        make_env: Zero-argument env factory (picklable for ``"subprocess"`` with spawn and ``"ray"``).
+        timeout_s: Per-call limit. ``"local"`` cannot enforce it (the call runs inline).
 
-    def _guard(self, fn: Callable, *args: Any, **kw: Any) -> Any:
+    Returns:
+        A handle following the protocol in the module docstring.
+
+    Raises:
+        ValueError: unknown ``kind``.
+        ImportError: ``"ray"`` without Ray or without ``turngym.trainers.ray_backend``.
+    """
+    if kind == "local":
+        return LocalEnv(make_env, timeout_s)
+    if kind == "thread":
+        return LocalEnv(make_env, timeout_s, threaded=True)
+    if kind == "subprocess":
+        return SubprocessEnv(make_env, timeout_s if timeout_s is not None else 60.0)
+    if kind == "ray":
         try:
-            return fn(*args, **kw)
-        except Exception as e:
-            self.restart()
-            raise EnvCrashed(f"{type(e).__name__}: {e}") from e
+            from turngym.trainers.ray_backend import RayEnv
+        except ImportError as e:
+            raise ImportError(
+                f"workers='ray' needs Ray and turngym.trainers.ray_backend (pip install 'turngym[ray]'): {e}"
+            ) from e
+        return RayEnv(make_env, timeout_s)
+    raise ValueError(f"unknown env handle kind {kind!r}; expected one of {HANDLE_KINDS}")
+
+
+def handle_kind(workers: bool | str) -> str:
+    """Map rollout's ``workers`` argument (bool, kept for old callers, or a kind) to a handle kind."""
+    if workers is True:
+        return "subprocess"
+    if workers is False or workers is None:
+        return "local"
+    if workers not in HANDLE_KINDS:
+        raise ValueError(f"workers must be a bool or one of {HANDLE_KINDS}, got {workers!r}")
+    return workers
+
+
+def _bind(env: gym.Env, cmd: str, payload: Any) -> Callable[[], Any]:
+    if cmd == "reset":
+        return lambda: env.reset(**(payload or {}))
+    if cmd == "step":
+        return lambda: env.step(payload)
+    if cmd == "describe":
+        return lambda: describe_env(env)
+    raise ValueError(f"unknown env command {cmd!r}")
+
+
+class _Call:
+    """One call's result slot; ``done`` is set once ``value`` or ``error`` is filled."""
+
+    def __init__(self, cmd: str) -> None:
+        self.cmd, self.value, self.error = cmd, None, None
+        self.done = threading.Event()
+
+    def run(self, fn: Callable[[], Any], catch: type[BaseException]) -> None:
+        try:
+            self.value = fn()
+        except catch as e:
+            self.error = e
+        finally:
+            self.done.set()
+
+
+class _BlockingCalls:
+    """``reset``/``step``/``describe`` as ``send`` + ``recv``."""
 
     def reset(self, **kw: Any) -> tuple:
-        return self._guard(self.env.reset, **kw)
+        self.send("reset", kw)
+        return self.recv()
 
     def step(self, action: Any) -> tuple:
-        return self._guard(self.env.step, action)
+        self.send("step", action)
+        return self.recv()
 
     def describe(self) -> dict[str, Any]:
-        return describe_env(self.env)
+        self.send("describe")
+        return self.recv()
+
+
+class LocalEnv(_BlockingCalls):
+    """The env in this process. Exceptions from it become ``EnvCrashed`` and the env is rebuilt.
+
+    Args:
+        make_env: Zero-argument env factory.
+        timeout_s: Per-call limit, enforced only when ``threaded`` (an inline call cannot be stopped).
+        threaded: Run each call on a daemon thread, so ``send`` returns at once and several envs can
+            step together; worth it when steps wait on I/O (sleep, subprocesses, docker, HTTP),
+            which releases the GIL. A thread past ``timeout_s`` cannot be killed: it is abandoned
+            with its env, and a fresh env takes its place. Otherwise ``send`` runs the call inline
+            and ``recv`` returns (or raises) its stored result.
+    """
+
+    def __init__(self, make_env: EnvFactory, timeout_s: float | None = None, threaded: bool = False) -> None:
+        self._make = make_env
+        self.timeout_s = timeout_s
+        self.threaded = threaded
+        self.restarts = 0
+        self._pending: _Call | None = None
+        self.env = make_env()
+
+    def send(self, cmd: str, payload: Any = None) -> None:
+        if self._pending is not None:
+            raise RuntimeError(f"send({cmd!r}) while a {self._pending.cmd!r} call is still pending")
+        call = self._pending = _Call(cmd)
+        fn = _bind(self.env, cmd, payload)
+        if self.threaded:  # a thread has no caller to pass exceptions to: keep every one as the result
+            threading.Thread(target=call.run, args=(fn, BaseException), daemon=True, name="turngym-env").start()
+        else:
+            call.run(fn, Exception)
+
+    def recv(self) -> Any:
+        call, self._pending = self._pending, None
+        if call is None:
+            raise RuntimeError("recv() without a pending send()")
+        if not call.done.wait(self.timeout_s if self.threaded else None):
+            self._rebuild(close_old=False)  # the stuck thread still holds the old env
+            raise EnvCrashed(f"env did not answer {call.cmd!r} within {self.timeout_s:g}s; rebuilt it")
+        if call.error is not None:
+            self.restart()
+            raise EnvCrashed(f"{type(call.error).__name__}: {call.error}") from call.error
+        return call.value
+
+    def poll(self) -> bool:
+        return self._pending is not None and self._pending.done.is_set()
 
     def restart(self) -> None:
-        try:
-            self.env.close()
-        except Exception:
-            pass  # the env is being replaced because it is broken; its close may be broken too
+        self._rebuild(close_old=True)
+
+    def _rebuild(self, close_old: bool) -> None:
+        if close_old:
+            try:
+                self.env.close()
+            except Exception:
+                pass  # the env is being replaced because it is broken; its close may be broken too
+        self._pending = None
+        self.restarts += 1
         self.env = self._make()
 
     def close(self) -> None:
@@ -73,22 +217,17 @@ def _worker_main(conn, make_env: EnvFactory) -> None:
         except EOFError:
             break
         try:
-            if cmd == "reset":
-                conn.send(("ok", env.reset(**payload)))
-            elif cmd == "step":
-                conn.send(("ok", env.step(payload)))
-            elif cmd == "describe":
-                conn.send(("ok", describe_env(env)))
-            elif cmd == "close":
+            if cmd == "close":
                 env.close()
                 conn.send(("ok", None))
                 break
+            conn.send(("ok", _bind(env, cmd, payload)()))
         except Exception as e:
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"))
     conn.close()
 
 
-class SubprocessEnv:
+class SubprocessEnv(_BlockingCalls):
     """The env in a child process; every call waits at most ``timeout_s``.
 
     Args:
@@ -97,11 +236,16 @@ class SubprocessEnv:
         start_method: ``fork`` is fast on Linux; ``spawn`` is safer with threads in the parent.
     """
 
+    _LINK_ERRORS = (EOFError, BrokenPipeError, ConnectionResetError, OSError)
+
     def __init__(self, make_env: EnvFactory, timeout_s: float = 60.0, start_method: str = "fork") -> None:
         self._make = make_env
         self.timeout_s = timeout_s
         self._ctx = mp.get_context(start_method)
         self.restarts = 0
+        self._pending: str | None = None
+        self._send_error: BaseException | None = None
+        self._closed = False
         self._start()
 
     def _start(self) -> None:
@@ -110,15 +254,33 @@ class SubprocessEnv:
         self._proc.start()
         child.close()
 
-    def _call(self, cmd: str, payload: Any = None, timeout_s: float | None = None) -> Any:
-        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+    def send(self, cmd: str, payload: Any = None) -> None:
+        if self._pending is not None:
+            raise RuntimeError(f"send({cmd!r}) while a {self._pending!r} call is still pending")
+        self._pending, self._send_error = cmd, None
         try:
             self._conn.send((cmd, payload))
+        except self._LINK_ERRORS as e:  # the worker is gone; recv reports it with the exit code
+            self._send_error = e
+
+    def recv(self, timeout_s: float | None = None) -> Any:
+        cmd = self._pending
+        if cmd is None:
+            raise RuntimeError("recv() without a pending send()")
+        try:  # the call counts as pending until it is answered, so close() knows not to talk over it
+            return self._answer(cmd, self.timeout_s if timeout_s is None else timeout_s)
+        finally:
+            self._pending = None
+
+    def _answer(self, cmd: str, timeout_s: float) -> Any:
+        try:
+            if self._send_error is not None:
+                raise self._send_error
             if not self._conn.poll(timeout_s):
                 self.restart()
                 raise EnvCrashed(f"env worker did not answer {cmd!r} within {timeout_s:g}s; restarted it")
             status, result = self._conn.recv()
-        except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as e:
+        except self._LINK_ERRORS as e:
             code = self._proc.exitcode
             self.restart()
             raise EnvCrashed(f"env worker died during {cmd!r} (exit code {code}): {type(e).__name__}") from e
@@ -127,14 +289,13 @@ class SubprocessEnv:
             raise EnvCrashed(f"env raised during {cmd!r}: {result}")
         return result
 
-    def reset(self, **kw: Any) -> tuple:
-        return self._call("reset", kw)
-
-    def step(self, action: Any) -> tuple:
-        return self._call("step", action)
-
-    def describe(self) -> dict[str, Any]:
-        return self._call("describe")
+    def poll(self) -> bool:
+        if self._pending is None:
+            return False
+        try:  # a dead worker closes its end of the pipe, which also reads as ready (recv raises)
+            return self._send_error is not None or self._conn.poll(0)
+        except self._LINK_ERRORS:
+            return True
 
     @property
     def pid(self) -> int | None:
@@ -142,6 +303,9 @@ class SubprocessEnv:
 
     def restart(self) -> None:
         self._kill()
+        self._pending = None
+        if self._closed:  # a call that was in flight when the handle closed: do not respawn
+            return
         self.restarts += 1
         self._start()
 
@@ -152,9 +316,12 @@ class SubprocessEnv:
         self._conn.close()
 
     def close(self) -> None:
-        if self._proc.is_alive():
+        """Stop the worker (politely when idle; a worker with a call in flight is killed)."""
+        busy, self._closed = self._pending is not None, True
+        if self._proc.is_alive() and not busy:
             try:
-                self._call("close", timeout_s=5)
+                self.send("close")
+                self.recv(timeout_s=5)
             except EnvCrashed:
                 pass  # it was closing anyway; _kill below makes sure
         self._kill()
