@@ -104,3 +104,51 @@ def format_summary(summary: dict, title: str = "") -> str:
                 f"{s['mean_turns']:5.2f}  {s['invalid_action_rate']:6.1%}"
             )
     return "\n".join(lines)
+
+
+def bootstrap_diff(
+    a: Sequence[float], b: Sequence[float], *, paired: bool, n_boot: int = 10000, alpha: float = 0.05, seed: int = 0
+) -> dict:
+    """Difference of means ``mean(b) - mean(a)`` with a percentile bootstrap interval.
+
+    Paired: ``a[i]`` and ``b[i]`` are the same episode (same task and seed) played by two agents,
+    so the per-episode differences are resampled together, which removes the task-difficulty
+    variance from the interval. Unpaired: each side is resampled on its own.
+
+    Args:
+        a: Per-episode values of the baseline.
+        b: Per-episode values of the other run (same length and order when ``paired``).
+        paired: Resample episode pairs (True) or each sample independently (False).
+        n_boot: Bootstrap resamples.
+        alpha: 1 - confidence level.
+        seed: Seed of the resampling.
+
+    Returns:
+        ``{"diff", "ci": [low, high], "p": two-sided bootstrap p-value, "paired", "significant"}``;
+        significant means the interval excludes 0.
+
+    Raises:
+        ValueError: an empty sample, or unequal lengths when ``paired``.
+    """
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.size == 0 or y.size == 0:
+        raise ValueError("bootstrap_diff needs two non-empty samples")
+    rng = np.random.default_rng(seed)
+    if paired:
+        if x.size != y.size:
+            raise ValueError(f"paired samples differ in length: {x.size} vs {y.size}")
+        d = y - x
+        boot = d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(axis=1)
+    else:
+        boot = (y[rng.integers(0, y.size, size=(n_boot, y.size))].mean(axis=1)
+                - x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1))
+    low, high = float(np.quantile(boot, alpha / 2)), float(np.quantile(boot, 1 - alpha / 2))
+    # Two-sided p: twice the bootstrap mass on the far side of 0 (0 itself counts for both sides).
+    p = min(1.0, 2 * min(float(np.mean(boot <= 0)), float(np.mean(boot >= 0))))
+    return {
+        "diff": float(y.mean() - x.mean()),
+        "ci": [low, high],
+        "p": p,
+        "paired": paired,
+        "significant": bool(low > 0 or high < 0),
+    }
