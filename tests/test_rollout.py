@@ -1,11 +1,82 @@
-import pytest
+import dataclasses
+import importlib.util
+import os
+import re
+import signal
+import time
 
+import pytest
+from toy_envs import GuessEnv
+
+import turngym
 from turngym.agents import OracleAgent, RandomAgent
 from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
-from turngym.trainers.workers import EnvCrashed, SubprocessEnv
+from turngym.trainers.workers import EnvCrashed, LocalEnv, SubprocessEnv, make_handle
 from turngym.types import Utterance
 
 GUESS = make_env_factory("tests/Guess-v0", scripted_hints=True)
+
+
+class SleepGuessEnv(GuessEnv):
+    """GuessEnv whose tool waits like I/O (``sleep_s``, or ``{task: seconds}``) before answering.
+
+    ``kill_task``: the tool SIGKILLs its own process on that task (use only in subprocess workers).
+    ``hang_task``: the tool sleeps an hour on that task.
+    """
+
+    def __init__(self, sleep_s: float | dict = 0.0, kill_task: str | None = None, hang_task: str | None = None, **kw):
+        self.sleep_s, self.kill_task, self.hang_task = sleep_s, kill_task, hang_task
+        super().__init__(**kw)
+
+    def _build_tools(self):
+        inner = super()._build_tools()[0]
+
+        def slow_guess(**args):
+            s = self.sleep_s.get(self.task_id, 0.0) if isinstance(self.sleep_s, dict) else self.sleep_s
+            time.sleep(3600 if self.task_id == self.hang_task else s)
+            if self.task_id == self.kill_task:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return inner.fn(**args)
+
+        return [dataclasses.replace(inner, fn=slow_guess)]
+
+
+turngym.register("tests/SleepGuess-v0", entry_point=SleepGuessEnv, max_turns=5)
+
+GUESS_CALL = '<tool_call>{{"name": "guess", "arguments": {{"number": {}}}}}</tool_call>'
+
+
+class BisectAgent:
+    """Binary search on the Guess envs: its guess depends only on the conversation (deterministic,
+    multi-turn, no hints), so any schedule of ``act`` calls gives the same episodes."""
+
+    env_kwargs: dict = {}
+
+    def __init__(self):
+        self.batches: list[list[str]] = []  # the task ids of each act call, in order
+
+    def act(self, conversations, sampling=None):
+        self.batches.append([c.state.setdefault("task", c.info.get("task_id")) for c in conversations])
+        return [Utterance(GUESS_CALL.format(self._next(c))) for c in conversations]
+
+    @staticmethod
+    def _next(conv) -> int:
+        lo, hi, last = 1, 8, None
+        for m in conv.messages:
+            if m.role == "assistant":
+                last = int(re.search(r'"number": (\d+)', m.content).group(1))
+            elif m.role == "tool" and last is not None:
+                lo, hi = (last + 1, hi) if m.content == "higher" else (lo, last - 1) if m.content == "lower" else (lo, hi)
+        return (lo + hi) // 2
+
+
+def canon(traj) -> dict:
+    """A trajectory as a dict without its wall-clock fields (they differ between any two runs)."""
+    d = traj.to_dict()
+    d["metadata"].pop("wall_s", None)
+    for t in d["turns"]:
+        t["info"].pop("elapsed_s", None)
+    return d
 
 
 class Fixed:
@@ -71,3 +142,107 @@ def test_local_env_exception_truncates_instead_of_crashing_the_run():
     assert all(t.truncated and "RuntimeError: env bug" in t.metadata["error"] for t in trajs)
     # the rebuilt env still plays
     assert rollout(Fixed(3), factory, episode_specs(["3"], 1), progress=False)[0].success
+
+
+# ----- the handle protocol and parallel steps ----------------------------------------------------
+SLEEPY = make_env_factory("tests/SleepGuess-v0", sleep_s=0.02, scripted_hints=True)
+
+
+@pytest.mark.parametrize("kind", ["local", "thread", "subprocess"])
+def test_handle_protocol_send_recv_poll(kind):
+    h = make_handle(kind, SLEEPY, 5.0)
+    try:
+        assert h.describe()["tools"][0].name == "guess"
+        assert not h.poll()  # nothing sent yet
+        h.send("reset", {"seed": 0, "options": {"task_id": "3"}})
+        with pytest.raises(RuntimeError, match="pending"):
+            h.send("step", "x")
+        obs, info = h.recv()
+        assert info["task_id"] == "3" and obs[0].content == "Find the number."
+        h.send("step", GUESS_CALL.format(3))
+        deadline = time.monotonic() + 5
+        while not h.poll() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert h.poll()
+        obs, reward, term, trunc, info = h.recv()
+        assert term and reward == 1.0 and not h.poll()
+        with pytest.raises(RuntimeError, match="without a pending"):
+            h.recv()
+    finally:
+        h.close()
+
+
+def test_unknown_handle_kinds_are_clear_errors():
+    with pytest.raises(ValueError, match="workers must be"):
+        rollout(OracleAgent(), GUESS, episode_specs(["1"], 1), workers="cluster", progress=False)
+    with pytest.raises(ValueError, match="unknown env handle kind"):
+        make_handle("cluster", GUESS)
+    with pytest.raises(ValueError, match="mode"):
+        rollout(OracleAgent(), GUESS, episode_specs(["1"], 1), mode="eager", progress=False)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("turngym.trainers.ray_backend") is not None,
+                    reason="the Ray backend exists; its own tests cover it")
+def test_ray_kind_without_backend_is_a_clear_import_error():
+    with pytest.raises(ImportError, match="ray"):
+        make_handle("ray", GUESS)
+
+
+@pytest.mark.parametrize("agent", [lambda: RandomAgent(seed=4), BisectAgent])
+def test_parallel_steps_give_the_sequential_trajectories(agent):
+    """Inline local handles step one env after another (the old path); threads and subprocess
+    workers step them all at once. The episodes must be identical, turn by turn."""
+    specs = episode_specs(["1", "2", "3", "4"], 10, seed=3)
+    factory = make_env_factory("tests/SleepGuess-v0", sleep_s=0.01, scripted_hints=True)
+    ref = [canon(t) for t in rollout(agent(), factory, specs, num_envs=3, workers=False, progress=False)]
+    assert sum(len(t["turns"]) for t in ref) > len(specs)  # multi-turn episodes
+    for kind in ["thread", True]:
+        got = rollout(agent(), factory, specs, num_envs=3, workers=kind, progress=False)
+        assert [canon(t) for t in got] == ref
+
+
+def test_parallel_steps_overlap_in_time():
+    """Four workers whose steps sleep 0.3 s each: one wave of steps takes about one sleep, not four."""
+    factory = make_env_factory("tests/SleepGuess-v0", sleep_s=0.3, scripted_hints=True)
+    trajs = rollout(OracleAgent(), factory, episode_specs(["1", "2", "3", "4"], 4), num_envs=4, workers="thread",
+                    progress=False)
+    assert all(t.success for t in trajs)
+    starts = sorted(t.metadata["wall_s"] for t in trajs)
+    assert starts[-1] < 4 * 0.3  # sequential steps would need 1.2 s for the last episode alone
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_worker_killed_mid_episode_truncates_exactly_that_episode(mode):
+    factory = make_env_factory("tests/SleepGuess-v0", sleep_s=0.01, kill_task="3", scripted_hints=True)
+    specs = episode_specs(["1", "2", "3", "4"], 8)
+    trajs = rollout(OracleAgent(), factory, specs, num_envs=3, workers=True, mode=mode, progress=False)
+    assert [t.task_id for t in trajs] == [s.task_id for s in specs]
+    for t in trajs:
+        if t.task_id == "3":
+            assert t.truncated and not t.terminated and len(t.turns) == 1
+            assert "died" in t.metadata["error"] and "exit code -9" in t.metadata["error"]
+            assert t.turns[0].info["error"] == t.metadata["error"]
+        else:
+            assert t.success and t.terminated and "error" not in t.metadata
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("kind", ["thread", "subprocess"])
+def test_hung_step_past_the_timeout_truncates_and_the_run_goes_on(mode, kind):
+    factory = make_env_factory("tests/SleepGuess-v0", hang_task="2", scripted_hints=True)
+    specs = episode_specs(["1", "2", "3"], 3)
+    trajs = rollout(OracleAgent(), factory, specs, num_envs=3, workers=kind, step_timeout_s=0.5, mode=mode,
+                    progress=False)
+    assert [t.success for t in trajs] == [True, False, True]
+    assert trajs[1].truncated and "within 0.5s" in trajs[1].metadata["error"]
+
+
+def test_thread_handle_abandons_a_hung_call_and_rebuilds_its_env():
+    h = LocalEnv(make_env_factory("tests/SleepGuess-v0", hang_task="2"), timeout_s=0.3, threaded=True)
+    first = h.env
+    h.reset(seed=0, options={"task_id": "2"})
+    with pytest.raises(EnvCrashed, match="within 0.3s"):
+        h.step(GUESS_CALL.format(2))
+    assert h.env is not first and h.restarts == 1
+    h.reset(seed=0, options={"task_id": "1"})
+    assert h.step(GUESS_CALL.format(1))[2]

@@ -281,6 +281,7 @@ class SubprocessEnv(_BlockingCalls):
                 raise EnvCrashed(f"env worker did not answer {cmd!r} within {timeout_s:g}s; restarted it")
             status, result = self._conn.recv()
         except self._LINK_ERRORS as e:
+            self._proc.join(timeout=1)  # reap it, so the exit code (e.g. -9 for SIGKILL) is known
             code = self._proc.exitcode
             self.restart()
             raise EnvCrashed(f"env worker died during {cmd!r} (exit code {code}): {type(e).__name__}") from e
