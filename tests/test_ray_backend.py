@@ -120,7 +120,7 @@ def test_hang_and_env_error_raise_env_crashed(ray_local):
 def test_ray_rollout_oracle_matches_local_rollout(ray_local):
     specs = episode_specs(["1", "2", "3", "4"], 10, seed=3)
     trajs = ray_rollout("oracle", GUESS, specs, env_kwargs={"scripted_hints": True}, num_workers=2,
-                        num_envs=3, num_cpus_per_worker=0.5)
+                        num_envs=3, num_cpus_per_worker=0.5, rollout_kwargs={"workers": "thread"})
     local = rollout(make_agent("oracle"), make_env_factory(GUESS, scripted_hints=True), specs, num_envs=3,
                     progress=False, metadata={"policy_version": 0})
     assert [t.task_id for t in trajs] == [s.task_id for s in specs]
@@ -159,3 +159,12 @@ def test_pool_set_weights_changes_outputs_and_version(ray_local, tiny_tokenizer)
     local = rollout(HFPolicy(new, tiny_tokenizer), make_env_factory(GUESS, max_turns=2), specs, sampling=greedy,
                     num_envs=2, progress=False)
     assert ids(after) == ids(local)  # the worker now acts exactly as the new weights do here
+
+
+def test_rollout_with_ray_env_workers_marks_crashed_episode_truncated(ray_local):
+    specs = episode_specs(["1", "2", "3"], 3)
+    trajs = rollout(make_agent("oracle"), make_env_factory(GUESS, scripted_hints=True, crash_on=2), specs,
+                    num_envs=2, workers="ray", step_timeout_s=30, progress=False)
+    assert [t.task_id for t in trajs] == ["1", "2", "3"]
+    assert [t.success for t in trajs] == [True, False, True]
+    assert trajs[1].truncated and "died" in trajs[1].metadata["error"]  # SystemExit killed its actor

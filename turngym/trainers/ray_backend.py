@@ -120,12 +120,15 @@ class RayEnv:
 
         Raises:
             ValueError: unknown command.
+            RuntimeError: the previous call has not been received yet.
         """
         calls = {"reset": lambda: self._actor.reset.remote(dict(payload or {})),
                  "step": lambda: self._actor.step.remote(payload),
                  "describe": lambda: self._actor.describe.remote()}
         if cmd not in calls:
             raise ValueError(f"unknown env command {cmd!r}; use reset, step or describe")
+        if self._pending is not None:
+            raise RuntimeError(f"send({cmd!r}) while a {self._pending[0]!r} call is still pending")
         self._pending = (cmd, calls[cmd]())
 
     def poll(self) -> bool:
@@ -135,8 +138,8 @@ class RayEnv:
         ready, _ = self._ray.wait([self._pending[1]], timeout=0)
         return bool(ready)
 
-    def recv(self) -> Any:
-        """The result of the last ``send``.
+    def recv(self, timeout_s: float | None = None) -> Any:
+        """The result of the last ``send``, awaited at most ``timeout_s`` (default: the handle's).
 
         Raises:
             EnvCrashed: the actor died, timed out or the env raised; the handle has been restarted.
@@ -146,14 +149,17 @@ class RayEnv:
             raise RuntimeError("recv() without a pending send()")
         (cmd, ref), self._pending = self._pending, None
         exc = self._ray.exceptions
+        what, limit = cmd, self.timeout_s if timeout_s is None else timeout_s
         try:
-            if self._ready_ref is not None:
+            if self._ready_ref is not None:  # the first call after a (re)start also waits for the actor to come up
                 self._ray.get(self._ready_ref, timeout=self.startup_timeout_s)
                 self._ready_ref = None
-            return self._ray.get(ref, timeout=self.timeout_s)
+            return self._ray.get(ref, timeout=limit)
         except exc.GetTimeoutError as e:
+            if self._ready_ref is not None:
+                what, limit = "start", self.startup_timeout_s
             self.restart()
-            raise EnvCrashed(f"env actor did not answer {cmd!r} within {self.timeout_s:g}s; restarted it") from e
+            raise EnvCrashed(f"env actor did not answer {what!r} within {limit:g}s; restarted it") from e
         except exc.RayTaskError as e:  # the env (or its constructor) raised; the actor may be fine, but its env is suspect
             self.restart()
             raise EnvCrashed(f"env raised during {cmd!r}: {e.cause!r}") from e
@@ -207,20 +213,19 @@ class RayEnv:
 class _RolloutWorker:
     """The body of a rollout-worker actor: one policy and its envs, playing shards of episodes."""
 
-    def __init__(self, agent: str | PolicyFactory, make_env: EnvFactory, num_envs: int, env_workers: Any) -> None:
+    def __init__(self, agent: str | PolicyFactory, make_env: EnvFactory, num_envs: int, rollout_kwargs: dict) -> None:
         from turngym.agents import make_agent
 
         self.policy = make_agent(agent) if isinstance(agent, str) else agent()
-        self.make_env, self.num_envs, self.env_workers = make_env, num_envs, env_workers
+        self.make_env, self.num_envs, self.rollout_kwargs = make_env, num_envs, rollout_kwargs
         self.version = 0
 
     def run(self, specs: list, sampling: SamplingParams | None, metadata: dict | None) -> list[dict]:
         from turngym.trainers.rollout import rollout
 
         meta = {"policy_version": self.version, **(metadata or {})}
-        kw = {"workers": self.env_workers} if self.env_workers else {}
         trajs = rollout(self.policy, self.make_env, specs, sampling=sampling, num_envs=self.num_envs,
-                        progress=False, metadata=meta, **kw)
+                        progress=False, metadata=meta, **self.rollout_kwargs)
         return [t.to_dict() for t in trajs]  # plain data: no class identity across Ray versions
 
     def set_weights(self, state_dict: dict, version: int) -> int:
@@ -275,8 +280,8 @@ class RayRolloutPool:
         num_envs: Episodes in flight per worker (its policy's batch size).
         num_cpus_per_worker: CPUs Ray reserves per worker (Ray also sets its torch thread count to it).
         num_gpus_per_worker: GPUs per worker (for HF/vLLM policies on a GPU cluster).
-        env_workers: Passed to ``rollout(workers=...)`` inside each worker (e.g. ``True`` for
-            subprocess envs with timeouts); falsy keeps envs in the worker process.
+        rollout_kwargs: More ``rollout`` arguments for each worker, e.g. ``{"workers": "subprocess",
+            "step_timeout_s": 30}`` for env subprocesses with timeouts, or ``{"mode": "async"}``.
         ray_init: ``ray.init`` kwargs used if Ray is not initialised yet (e.g. ``{"address": "auto"}``).
 
     Raises:
@@ -285,13 +290,14 @@ class RayRolloutPool:
 
     def __init__(self, agent: str | PolicyFactory, env: str | EnvFactory, *, env_kwargs: dict | None = None,
                  num_workers: int = 2, num_envs: int = 8, num_cpus_per_worker: float = 1.0,
-                 num_gpus_per_worker: float = 0.0, env_workers: Any = False, ray_init: dict | None = None) -> None:
+                 num_gpus_per_worker: float = 0.0, rollout_kwargs: dict | None = None,
+                 ray_init: dict | None = None) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self._ray = ensure_ray(**(ray_init or {}))
         make_env = _env_factory(env, env_kwargs)
         cls = _remote(_RolloutWorker).options(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker)
-        self.workers = [cls.remote(agent, make_env, num_envs, env_workers) for _ in range(num_workers)]
+        self.workers = [cls.remote(agent, make_env, num_envs, dict(rollout_kwargs or {})) for _ in range(num_workers)]
         self.version = 0
 
     def run(self, specs: Sequence, sampling: SamplingParams | None = None,
