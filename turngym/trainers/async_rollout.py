@@ -134,8 +134,8 @@ class _Engine:
     def _apply(self, slot: int, call: _InFlight, out: Any) -> list[tuple[int, int, Trajectory]]:
         if call.turn is None:  # a reset came back
             ep = begin_episode(call.spec, out, self.env_desc, self.metadata, call.t0)
-            if call.version is not None:
-                ep.traj.metadata["policy_version"] = call.version
+            if call.version is not None:  # the oldest version so far: none has acted yet
+                ep.traj.metadata.update(policy_version=call.version, policy_versions=[])
             if ep.traj.truncated:
                 return [(slot, call.idx, ep.traj)]
             self.live[slot] = (call.idx, ep)
