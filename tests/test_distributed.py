@@ -118,6 +118,8 @@ def test_shard_covers_every_spec_once_and_checks_evenness():
         parts = [DistContext(rank=r, world_size=world).shard(specs, group_size=2) for r in range(world)]
         assert sum(parts, []) == specs
         assert len({len(p) for p in parts}) == 1
+        ranges = [DistContext(rank=r, world_size=world).shard_range(24, group_size=2) for r in range(world)]
+        assert [specs[i] for r in ranges for i in r] == specs
     uneven = [DistContext(rank=r, world_size=3).shard(list(range(10)), strict=False) for r in range(3)]
     assert sum(uneven, []) == list(range(10)) and [len(p) for p in uneven] == [4, 3, 3]
     with pytest.raises(ValueError, match="do not split evenly over 3 ranks"):

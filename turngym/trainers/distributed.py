@@ -126,7 +126,16 @@ class DistContext:
             ValueError: ``len(specs)`` is not a multiple of ``group_size`` (or, when strict, of
                 ``group_size * world_size``).
         """
-        n = len(specs)
+        r = self.shard_range(len(specs), group_size, strict)
+        return list(specs[r.start : r.stop])
+
+    def shard_range(self, n: int, group_size: int = 1, strict: bool = True) -> range:
+        """The indices of this rank's share of ``n`` items (what ``shard`` returns), e.g. to pick this
+        rank's rows out of results computed on every rank's gathered data.
+
+        Raises:
+            ValueError: as ``shard``.
+        """
         if n % group_size:
             raise ValueError(f"{n} specs do not split into groups of {group_size}")
         if strict and n % (group_size * self.world_size):
@@ -134,7 +143,7 @@ class DistContext:
                              f"{self.world_size} ranks; use a multiple of {group_size * self.world_size}")
         k, extra = divmod(n // group_size, self.world_size)
         start = (self.rank * k + min(self.rank, extra)) * group_size
-        return list(specs[start : start + (k + (self.rank < extra)) * group_size])
+        return range(start, start + (k + (self.rank < extra)) * group_size)
 
     def rank_seed(self, seed: int | None) -> int | None:
         """A per-rank sampling seed, so two ranks that play the same prompt do not sample alike."""
