@@ -20,23 +20,20 @@ An episode that ends by the turn limit is treated as terminal: the limit is part
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict, reward_stats
+from turngym.rewards import reward_stats
 from turngym.trainers import functional as Fn
-from turngym.trainers.checkpoint import load_checkpoint, save_checkpoint
 from turngym.trainers.config import knob
 from turngym.trainers.critic import ReplayBuffer, UtteranceCritic, make_target, soft_update
-from turngym.trainers.logger import MetricsLogger
-from turngym.trainers.online import (
-    OnlineConfig, actor_update, advantage_stats, collect, frozen_copy, prepare_trainable, reference_pass,
-    split_task_ids, task_schedule, train_loop,
-)
+from turngym.trainers.distributed import DistContext
+from turngym.trainers.online import OnlineConfig, actor_update, advantage_stats, reference_pass, task_schedule
 from turngym.trainers.sequences import PackedBatch, pack_batch
+from turngym.trainers.trainer import OnlineTrainer
 from turngym.types import Trajectory
 
 
@@ -68,7 +65,7 @@ class ArcherConfig(OnlineConfig):
             raise ValueError("v_min must be < v_max")
 
 
-class ArcherTrainer:
+class ArcherTrainer(OnlineTrainer):
     """Train ``policy`` (an ``HFPolicy``) on ``env_id`` with ArCHer.
 
     Args:
@@ -76,55 +73,42 @@ class ArcherTrainer:
         env_id: A registered env; its ``task_ids`` (from ``env_kwargs``' split) are the training tasks.
         cfg: The knobs.
         out_dir: Checkpoints (``checkpoint/``), ``metrics.jsonl``, TensorBoard, the learning curve.
+        ctx: Data-parallel context. Each rank keeps its own replay buffer; critic gradients are
+            averaged like the actor's, so every rank holds the same critic.
     """
 
+    name = "archer"
+
     def __init__(self, policy: Any, env_id: str, cfg: ArcherConfig | None = None, *,
-                 env_kwargs: dict | None = None, out_dir: str | Path = "runs/archer") -> None:
-        self.policy, self.env_id, self.cfg = policy, env_id, cfg or ArcherConfig()
-        self.env_kwargs = dict(env_kwargs or {})
-        self.out_dir = Path(out_dir)
-        self.ckpt_dir = self.out_dir / "checkpoint"
-        self.iteration = 0
-        self.env_steps = 0
+                 env_kwargs: dict | None = None, out_dir: str | Path = "runs/archer", ctx: DistContext | None = None) -> None:
+        super().__init__(policy, env_id, cfg or ArcherConfig(), env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx)
         self.critic_steps = 0
-        self._ready = False
 
     # ----- setup ---------------------------------------------------------------------------
-    def setup(self) -> None:
+    def needs_reference(self) -> bool:
+        return True  # the KL anchor, and by default the critic's feature encoder
+
+    def _setup_extra(self) -> None:
         cfg = self.cfg
-        torch.manual_seed(cfg.seed)
-        self.ref = frozen_copy(self.policy.model)
-        self.policy.model = prepare_trainable(self.policy.model, cfg.trainable, cfg.lora_r, cfg.lora_alpha)
-        self.model = self.policy.model
-        self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
         self.encoder = self.ref if cfg.critic_encoder == "reference" else TextFeatureEncoder(cfg.critic_encoder)
         feat = self.ref.config.get_text_config().hidden_size if cfg.critic_encoder == "reference" else self.encoder.dim
         self.critic = UtteranceCritic(feat, cfg.critic_hidden, cfg.categorical, cfg.num_atoms, cfg.v_min, cfg.v_max)
+        self.ctx.broadcast_params(self.critic)
         self.critic_target = make_target(self.critic)
         self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
         self.baseline = torch.nn.Linear(feat, 1) if cfg.token_baseline else None
+        if self.baseline is not None:
+            self.ctx.broadcast_params(self.baseline)
         self.baseline_opt = torch.optim.AdamW(self.baseline.parameters(), lr=cfg.critic_lr) if self.baseline else None
-        self.buffer = ReplayBuffer(cfg.buffer_capacity, feat, seed=cfg.seed)
-        self.gen = torch.Generator().manual_seed(cfg.seed)
-        self.reward_fn = make_reward(cfg.reward)
-        self.task_ids = split_task_ids(self.env_id, self.env_kwargs)
-        self._ready = True
+        self.buffer = ReplayBuffer(cfg.buffer_capacity, feat, seed=cfg.seed + self.ctx.rank)
 
     # ----- the loop -------------------------------------------------------------------------
-    def train(self, resume: bool = True, logger: MetricsLogger | None = None, progress: bool = True) -> list[dict]:
-        """Run until ``cfg.iterations``; resumes from ``out_dir/checkpoint`` when present.
-
-        Returns:
-            The logged metric rows of this run.
-        """
-        return train_loop(self, "archer", resume, logger, progress)
-
     def step(self) -> dict[str, float]:
         """One iteration: collect, score, critic updates, actor update. Returns its metrics."""
         cfg = self.cfg
         # 1. collect with the current policy
         specs = task_schedule(self.task_ids, cfg.episodes_per_iter, cfg.seed, self.iteration)
-        trajs, metrics = collect(self.policy, self.env_id, self.env_kwargs, specs, cfg, self.iteration)
+        trajs, metrics = self.collect(specs)
         _check_tokens(trajs)
         rewards = self.reward_fn(trajs)
         metrics.update(reward_stats(self.reward_fn))  # G-RA gate rates, SPA fit error, shaping...
@@ -149,12 +133,9 @@ class ArcherTrainer:
             metrics.update(base_metrics)
         metrics.update(advantage_stats(adv))
         if self.critic_steps >= cfg.critic_warmup:
-            metrics.update(actor_update(self.model, self.actor_opt, batch, token_adv, ref_logprobs, cfg, self.gen))
+            metrics.update(actor_update(self.model, self.actor_opt, batch, token_adv, ref_logprobs, cfg, self.gen, self.ctx))
         metrics["actor/active"] = float(self.critic_steps >= cfg.critic_warmup)
-        self.iteration += 1
-        self.env_steps += int(metrics["rollout/env_steps"])
-        metrics["env_steps"] = self.env_steps
-        return metrics
+        return self.finish_step(metrics)
 
     # ----- pieces ---------------------------------------------------------------------------
     def _features(self, batch: PackedBatch, hidden: torch.Tensor | None, trajs: list[Trajectory]):
@@ -176,6 +157,7 @@ class ArcherTrainer:
             v_loss = self.critic.value_loss(self.critic.v(b["s"]), y_v)
             self.critic_opt.zero_grad(set_to_none=True)
             (q_loss + v_loss).backward()
+            self.ctx.all_reduce_grads(self.critic.parameters())
             self.critic_opt.step()
             soft_update(self.critic_target, self.critic, cfg.tau)
             self.critic_steps += 1
@@ -196,30 +178,23 @@ class ArcherTrainer:
             loss = torch.nn.functional.mse_loss(self.baseline(feats).squeeze(-1), target)
             self.baseline_opt.zero_grad(set_to_none=True)
             loss.backward()
+            self.ctx.all_reduce_grads(self.baseline.parameters())
             self.baseline_opt.step()
         with torch.no_grad():
             b = self.baseline(feats).squeeze(-1)
         return target - b, {"baseline/loss": loss.item()}
 
-    # ----- checkpoints ----------------------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
-        return save_checkpoint(path, {
-            "model": self.model.state_dict(), "actor_opt": self.actor_opt.state_dict(),
+    # ----- checkpoints (the base class saves the actor, optimizer, RNG and counters) ------------
+    def _extra_state(self) -> dict:
+        return {
             "critic": self.critic.state_dict(), "critic_target": self.critic_target.state_dict(),
             "critic_opt": self.critic_opt.state_dict(), "buffer": self.buffer.state_dict(),
             "baseline": self.baseline.state_dict() if self.baseline else None,
             "baseline_opt": self.baseline_opt.state_dict() if self.baseline_opt else None,
-            "gen": self.gen.get_state(), "iteration": self.iteration, "env_steps": self.env_steps,
-            "critic_steps": self.critic_steps, "config": asdict(self.cfg),
-            "reward": reward_state_dict(self.reward_fn),  # e.g. SPA's estimator
-        })
+            "critic_steps": self.critic_steps,
+        }
 
-    def load(self, path: str | Path) -> bool:
-        if not self._ready:
-            self.setup()
-        st = load_checkpoint(path)
-        self.model.load_state_dict(st["model"])
-        self.actor_opt.load_state_dict(st["actor_opt"])
+    def _load_extra_state(self, st: dict) -> None:
         self.critic.load_state_dict(st["critic"])
         self.critic_target.load_state_dict(st["critic_target"])
         self.critic_opt.load_state_dict(st["critic_opt"])
@@ -227,11 +202,7 @@ class ArcherTrainer:
         if self.baseline is not None and st["baseline"] is not None:
             self.baseline.load_state_dict(st["baseline"])
             self.baseline_opt.load_state_dict(st["baseline_opt"])
-        self.gen.set_state(st["gen"])
-        load_reward_state_dict(self.reward_fn, st.get("reward", {}))
-        self.iteration, self.env_steps, self.critic_steps = st["iteration"], st["env_steps"], st["critic_steps"]
-        self.policy.invalidate_caches()
-        return True
+        self.critic_steps = st["critic_steps"]
 
 
 def _check_tokens(trajs: list[Trajectory]) -> None:

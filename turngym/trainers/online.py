@@ -8,18 +8,17 @@ from __future__ import annotations
 import copy
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
-from tqdm.auto import tqdm
 
 import torch
 
 from turngym.agents.base import SamplingParams
-from turngym.trainers.logger import MetricsLogger, plot_learning_curve
 from turngym.trainers import functional as Fn
 from turngym.trainers.config import knob
+from turngym.trainers.distributed import DistContext
 from turngym.trainers.rollout import EpisodeSpec, make_env_factory, rollout
 from turngym.trainers.sequences import PackedBatch, score
 from turngym.types import Trajectory
@@ -134,14 +133,23 @@ def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_
     return specs
 
 
-def collect(policy: Any, env_id: str, env_kwargs: dict, specs: list[EpisodeSpec], cfg: OnlineConfig, iteration: int) -> tuple[list[Trajectory], dict]:
-    """Roll out the current policy; returns trajectories and rollout metrics."""
+def collect(policy: Any, env_id: str, env_kwargs: dict, specs: list[EpisodeSpec], cfg: OnlineConfig, iteration: int,
+            ctx: DistContext | None = None, group_size: int = 1) -> tuple[list[Trajectory], dict]:
+    """Roll out the current policy on this rank's share of ``specs`` (all of them in one process).
+
+    Returns:
+        This rank's trajectories, and rollout metrics over every rank's episodes.
+    """
+    ctx = ctx or DistContext()
+    specs = ctx.shard(specs, group_size)
     kwargs = dict(env_kwargs)
     if cfg.max_turns is not None:
         kwargs["max_turns"] = cfg.max_turns
     policy.invalidate_caches()  # the weights changed since the last collection
+    sampling = cfg.sampling(iteration)
+    sampling.seed = ctx.rank_seed(sampling.seed)  # ranks playing the same task must not sample alike
     t0 = time.perf_counter()
-    trajs = rollout(policy, make_env_factory(env_id, **kwargs), specs, sampling=cfg.sampling(iteration),
+    trajs = rollout(policy, make_env_factory(env_id, **kwargs), specs, sampling=sampling,
                     num_envs=cfg.num_envs, progress=False)
     dt = time.perf_counter() - t0
     turns = sum(len(t.turns) for t in trajs)
@@ -156,7 +164,7 @@ def collect(policy: Any, env_id: str, env_kwargs: dict, specs: list[EpisodeSpec]
         "rollout/tokens_per_s": tokens / dt if dt > 0 else 0.0,
         "rollout/seconds": dt,
     }
-    return trajs, metrics
+    return trajs, ctx.all_reduce_metrics(metrics, weight=len(trajs), sum_keys=("rollout/env_steps", "rollout/tokens_per_s"))
 
 
 @torch.no_grad()
@@ -176,6 +184,7 @@ def actor_update(
     ref_logprobs: torch.Tensor | None,
     cfg: OnlineConfig,
     gen: torch.Generator,
+    ctx: DistContext | None = None,
 ) -> dict[str, float]:
     """Token-level policy gradient: clipped surrogate with the given per-token advantages, plus
     the KL and entropy guards, over minibatches of sequences.
@@ -183,47 +192,62 @@ def actor_update(
     Args:
         token_adv: ``(M,)`` advantage of each scored token (its utterance's, or token-level).
         ref_logprobs: ``(M,)`` reference log-probs (needed when ``kl_coef > 0``).
+        ctx: Data-parallel context: gradients are averaged over ranks before clipping. Every rank
+            must hold the same number of sequences (``DistContext.shard`` gives equal shares).
 
     Returns:
         Mean metrics over the minibatch steps.
     """
     model.train()
+    ctx = ctx or DistContext()
     B = batch.input_ids.shape[0]
     params = [p for p in model.parameters() if p.requires_grad]
     sums: dict[str, float] = {}
     steps = 0
     for _ in range(cfg.actor_epochs):
         order = torch.randperm(B, generator=gen).tolist()
-        for i in range(0, B, cfg.minibatch_size):
-            sub, keep = batch.select_rows(sorted(order[i : i + cfg.minibatch_size]))
-            with autocast(model, cfg.autocast):
-                out = score(model, sub, entropy=True)  # entropy is always logged
-            adv = token_adv[keep].to(out.logprobs.device)
-            ones = torch.ones_like(adv)
-            pg_loss, clip_frac = Fn.clipped_pg_loss(out.logprobs, sub.old_logprobs.to(adv.device), adv, ones, cfg.clip_coef)
-            loss = pg_loss
-            kl = torch.zeros(())
-            if ref_logprobs is not None:
-                kl = Fn.masked_mean(Fn.kl_k3(out.logprobs, ref_logprobs[keep].to(adv.device)), ones)
-                if cfg.kl_coef > 0:
-                    loss = loss + cfg.kl_coef * kl
-            entropy = out.entropy.mean()
-            if cfg.ent_coef > 0:
-                loss = loss - cfg.ent_coef * entropy
+        i = 0
+        # ranks step jointly: one with fewer sequences contributes a zero gradient to the average
+        while (i < B) if not ctx.enabled else ctx.any_rank(i < B):
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            rows = sorted(order[i : i + cfg.minibatch_size])
+            stats = _minibatch_backward(model, batch, rows, token_adv, ref_logprobs, cfg) if rows else None
+            ctx.all_reduce_grads(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
-            ratio_dev = (out.logprobs.detach() - sub.old_logprobs.to(adv.device)).abs().mean()
-            for k, v in {
-                "actor/pg_loss": pg_loss.item(), "actor/kl": kl.item(), "actor/entropy": entropy.item(),
-                "actor/clip_frac": float(clip_frac), "actor/grad_norm": float(grad_norm),
-                "actor/logprob_drift": ratio_dev.item(),
-            }.items():
-                sums[k] = sums.get(k, 0.0) + v
-            steps += 1
+            i += cfg.minibatch_size
+            if stats is not None:
+                stats["actor/grad_norm"] = float(grad_norm)
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                steps += 1
     model.eval()
     return {k: v / max(steps, 1) for k, v in sums.items()}
+
+
+def _minibatch_backward(model: torch.nn.Module, batch: PackedBatch, rows: list[int], token_adv: torch.Tensor,
+                        ref_logprobs: torch.Tensor | None, cfg: OnlineConfig) -> dict[str, float]:
+    """Loss of one minibatch of sequences: clipped surrogate + KL guard - entropy bonus; runs
+    ``backward`` and returns the minibatch's metrics."""
+    sub, keep = batch.select_rows(rows)
+    with autocast(model, cfg.autocast):
+        out = score(model, sub, entropy=True)  # entropy is always logged
+    adv = token_adv[keep].to(out.logprobs.device)
+    old = sub.old_logprobs.to(adv.device)
+    ones = torch.ones_like(adv)
+    pg_loss, clip_frac = Fn.clipped_pg_loss(out.logprobs, old, adv, ones, cfg.clip_coef)
+    loss = pg_loss
+    kl = torch.zeros(())
+    if ref_logprobs is not None:
+        kl = Fn.masked_mean(Fn.kl_k3(out.logprobs, ref_logprobs[keep].to(adv.device)), ones)
+        if cfg.kl_coef > 0:
+            loss = loss + cfg.kl_coef * kl
+    entropy = out.entropy.mean()
+    if cfg.ent_coef > 0:
+        loss = loss - cfg.ent_coef * entropy
+    loss.backward()
+    return {"actor/pg_loss": pg_loss.item(), "actor/kl": kl.item(), "actor/entropy": entropy.item(),
+            "actor/clip_frac": float(clip_frac), "actor/logprob_drift": (out.logprobs.detach() - old).abs().mean().item()}
 
 
 def advantage_stats(adv: torch.Tensor, prefix: str = "adv") -> dict[str, float]:
@@ -240,34 +264,3 @@ def split_task_ids(env_id: str, env_kwargs: dict) -> list[str]:
         return list(probe.unwrapped.task_ids)
     finally:
         probe.close()
-
-
-def train_loop(trainer: Any, name: str, resume: bool, logger: MetricsLogger | None, progress: bool) -> list[dict]:
-    """Run ``trainer.step()`` until ``trainer.cfg.iterations``, logging every iteration and
-    checkpointing every ``cfg.checkpoint_every``; resumes from ``trainer.ckpt_dir`` when present.
-
-    ``trainer`` provides ``setup``, ``step``, ``save``, ``load``, ``cfg``, ``iteration``,
-    ``ckpt_dir``, ``out_dir`` and ``env_id`` (ArCHer and the PG family do).
-    """
-    if not trainer._ready:
-        trainer.setup()
-    resumed = resume and trainer.ckpt_dir.exists() and trainer.load(trainer.ckpt_dir)
-    own_logger = logger is None
-    logger = logger or MetricsLogger(trainer.out_dir, config=asdict(trainer.cfg), resume=bool(resumed))
-    cfg = trainer.cfg
-    bar = tqdm(total=cfg.iterations, initial=trainer.iteration, desc=name, disable=not progress)
-    rows = []
-    while trainer.iteration < cfg.iterations:
-        metrics = trainer.step()
-        logger.log(metrics, step=trainer.iteration)
-        rows.append(metrics)
-        bar.update(1)
-        bar.set_postfix(success=f"{metrics['rollout/success']:.2f}", steps=metrics["env_steps"])
-        every = cfg.checkpoint_every
-        if (every and trainer.iteration % every == 0) or trainer.iteration == cfg.iterations:
-            trainer.save(trainer.ckpt_dir)
-    bar.close()
-    plot_learning_curve(logger.rows(), trainer.out_dir / "learning_curve.png", title=f"{name} on {trainer.env_id}")
-    if own_logger:
-        logger.close()
-    return rows

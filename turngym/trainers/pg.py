@@ -16,22 +16,19 @@ sampling log-probs.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict, reward_stats
+from turngym.rewards import reward_stats
 from turngym.trainers import functional as Fn
-from turngym.trainers.checkpoint import load_checkpoint, save_checkpoint
 from turngym.trainers.config import knob
-from turngym.trainers.logger import MetricsLogger
-from turngym.trainers.online import (
-    OnlineConfig, actor_update, advantage_stats, collect, frozen_copy, prepare_trainable, reference_pass,
-    split_task_ids, task_schedule, train_loop,
-)
+from turngym.trainers.distributed import DistContext
+from turngym.trainers.online import OnlineConfig, actor_update, advantage_stats, reference_pass, task_schedule
 from turngym.trainers.sequences import pack_batch
+from turngym.trainers.trainer import OnlineTrainer
 from turngym.types import Trajectory
 
 ALGOS = ("reinforce", "rloo", "grpo", "gigpo")
@@ -90,39 +87,22 @@ def turn_advantages(trajs: list[Trajectory], rewards: list[list[float]], cfg: PG
     return out
 
 
-class PGTrainer:
-    """Train ``policy`` on ``env_id`` with REINFORCE / RLOO / GRPO / GiGPO (``cfg.algo``)."""
+class PGTrainer(OnlineTrainer):
+    """Train ``policy`` on ``env_id`` with REINFORCE / RLOO / GRPO / GiGPO (``cfg.algo``).
+
+    With a multi-process ``ctx`` each rank plays whole groups, so group advantages need no
+    communication; ``normalize_advantages`` then standardises over this rank's share.
+    """
 
     def __init__(self, policy: Any, env_id: str, cfg: PGConfig | None = None, *,
-                 env_kwargs: dict | None = None, out_dir: str | Path = "runs/pg") -> None:
-        self.policy, self.env_id, self.cfg = policy, env_id, cfg or PGConfig()
-        self.env_kwargs = dict(env_kwargs or {})
-        self.out_dir = Path(out_dir)
-        self.ckpt_dir = self.out_dir / "checkpoint"
-        self.iteration = 0
-        self.env_steps = 0
-        self._ready = False
-
-    def setup(self) -> None:
-        cfg = self.cfg
-        torch.manual_seed(cfg.seed)
-        self.ref = frozen_copy(self.policy.model) if cfg.kl_coef > 0 else None
-        self.policy.model = prepare_trainable(self.policy.model, cfg.trainable, cfg.lora_r, cfg.lora_alpha)
-        self.model = self.policy.model
-        self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
-        self.gen = torch.Generator().manual_seed(cfg.seed)
-        self.reward_fn = make_reward(cfg.reward)
-        self.task_ids = split_task_ids(self.env_id, self.env_kwargs)
-        self._ready = True
-
-    def train(self, resume: bool = True, logger: MetricsLogger | None = None, progress: bool = True) -> list[dict]:
-        """Run until ``cfg.iterations``; resumes from ``out_dir/checkpoint`` when present."""
-        return train_loop(self, self.cfg.algo, resume, logger, progress)
+                 env_kwargs: dict | None = None, out_dir: str | Path = "runs/pg", ctx: DistContext | None = None) -> None:
+        super().__init__(policy, env_id, cfg or PGConfig(), env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx)
+        self.name = self.cfg.algo
 
     def step(self) -> dict[str, float]:
         cfg = self.cfg
         specs = task_schedule(self.task_ids, cfg.episodes_per_iter, cfg.seed, self.iteration, cfg.group_size)
-        trajs, metrics = collect(self.policy, self.env_id, self.env_kwargs, specs, cfg, self.iteration)
+        trajs, metrics = self.collect(specs, cfg.group_size)
         rewards = self.reward_fn(trajs)
         metrics.update(reward_stats(self.reward_fn))  # G-RA gate rates, SPA fit error, shaping...
         per_turn = turn_advantages(trajs, rewards, cfg)
@@ -132,28 +112,8 @@ class PGTrainer:
             adv = (adv - adv.mean()) / (adv.std() + 1e-6)
         ref_logprobs = reference_pass(self.ref, batch, False, cfg.autocast)[0] if self.ref is not None else None
         metrics.update(advantage_stats(adv))
-        if adv.abs().sum() > 0:  # all-equal groups carry no signal: skip the update, keep the data count
-            metrics.update(actor_update(self.model, self.actor_opt, batch, adv[batch.token_turn], ref_logprobs, cfg, self.gen))
-        self.iteration += 1
-        self.env_steps += int(metrics["rollout/env_steps"])
-        metrics["env_steps"] = self.env_steps
-        return metrics
-
-    def save(self, path: str | Path) -> Path:
-        return save_checkpoint(path, {
-            "model": self.model.state_dict(), "actor_opt": self.actor_opt.state_dict(), "gen": self.gen.get_state(),
-            "iteration": self.iteration, "env_steps": self.env_steps, "config": asdict(self.cfg),
-            "reward": reward_state_dict(self.reward_fn),  # e.g. SPA's estimator
-        })
-
-    def load(self, path: str | Path) -> bool:
-        if not self._ready:
-            self.setup()
-        st = load_checkpoint(path)
-        self.model.load_state_dict(st["model"])
-        self.actor_opt.load_state_dict(st["actor_opt"])
-        self.gen.set_state(st["gen"])
-        load_reward_state_dict(self.reward_fn, st.get("reward", {}))
-        self.iteration, self.env_steps = st["iteration"], st["env_steps"]
-        self.policy.invalidate_caches()
-        return True
+        # all-equal groups carry no signal: skip the update (jointly across ranks), keep the data count
+        if self.ctx.any_rank(bool(adv.abs().sum() > 0)):
+            metrics.update(actor_update(self.model, self.actor_opt, batch, adv[batch.token_turn], ref_logprobs, cfg,
+                                        self.gen, self.ctx))
+        return self.finish_step(metrics)

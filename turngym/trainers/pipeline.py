@@ -17,6 +17,7 @@ import torch
 
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
 from turngym.trainers.config import knob
+from turngym.trainers.distributed import DistContext
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
 from turngym.trainers.pg import ALGOS, PGConfig, PGTrainer
 from turngym.trainers.sft import SFTConfig, sft
@@ -103,8 +104,12 @@ def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str) -> dict:
 class _Stages:
     """``stages.json``: which stages finished, with their results."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, write: bool = True) -> None:
         self.path = out / "stages.json"
+        self.write = write  # only rank 0 writes; the others reload after a barrier
+        self.reload()
+
+    def reload(self) -> None:
         self.data = json.loads(self.path.read_text()) if self.path.exists() else {}
 
     def done(self, name: str) -> bool:
@@ -112,51 +117,74 @@ class _Stages:
 
     def finish(self, name: str, result: Any) -> None:
         self.data[name] = result
+        if not self.write:
+            return
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=2))
         tmp.replace(self.path)
 
 
-def run(cfg: TrainConfig, progress: bool = True) -> dict:
-    """Run (or resume) the whole path; returns ``summary.json``'s content."""
+def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None) -> dict:
+    """Run (or resume) the whole path; returns ``summary.json``'s content.
+
+    Under ``torchrun`` / ``accelerate launch`` (``ctx`` from ``DistContext.from_env()``) the RL stage
+    is data-parallel; SFT runs identically on every rank and rank 0 alone evaluates and writes.
+    """
+    ctx = ctx or DistContext.from_env()
+    main = ctx.is_main
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
-    stages = _Stages(out)
+    if main:
+        (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    stages = _Stages(out, write=main)
     t0 = time.perf_counter()
     policy = load_policy(cfg.model)
-    say = print if progress else (lambda *a, **k: None)
+    if ctx.device.type != "cpu":
+        policy.model.to(ctx.device)
+    say = print if progress and main else (lambda *a, **k: None)
     train_kwargs = {**cfg.env_kwargs, "split": cfg.train_split}
 
+    def held_out(tag: str) -> None:
+        """Evaluate on rank 0 (the others wait) and record the stage."""
+        if main:
+            stages.finish(f"eval_{tag}", evaluate_policy(policy, cfg, tag))
+        ctx.barrier()
+        stages.reload()
+
     if cfg.eval.zero_shot and not stages.done("eval_zero_shot"):
-        stages.finish("eval_zero_shot", evaluate_policy(policy, cfg, "zero_shot"))
+        held_out("zero_shot")
         say(_line("zero-shot", stages.data["eval_zero_shot"]))
 
     sft_weights = out / "sft_model.pt"
     if cfg.sft.enabled:
         if not stages.done("sft"):
-            result = sft(policy, cfg.env_id, cfg.sft, env_kwargs=train_kwargs, progress=progress)
-            torch.save(policy.model.state_dict(), sft_weights)
-            stages.finish("sft", result)
+            result = sft(policy, cfg.env_id, cfg.sft, env_kwargs=train_kwargs, progress=progress and main)
+            if main:
+                torch.save(policy.model.state_dict(), sft_weights)
+                stages.finish("sft", result)
+            ctx.barrier()
         else:
-            policy.model.load_state_dict(torch.load(sft_weights, map_location="cpu"))
+            policy.model.load_state_dict(torch.load(sft_weights, map_location=ctx.device))
             policy.invalidate_caches()
         if not stages.done("eval_sft"):
-            stages.finish("eval_sft", evaluate_policy(policy, cfg, "sft"))
+            held_out("sft")
             say(_line("after SFT", stages.data["eval_sft"]))
 
     rl_cfg = cfg.archer if cfg.algo == "archer" else cfg.pg
     if rl_cfg.iterations > 0 and not stages.done("rl"):
         trainer_cls = ArcherTrainer if cfg.algo == "archer" else PGTrainer
-        trainer = trainer_cls(policy, cfg.env_id, rl_cfg, env_kwargs=train_kwargs, out_dir=out / cfg.algo)
-        logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=(out / cfg.algo / "checkpoint").exists())
+        trainer = trainer_cls(policy, cfg.env_id, rl_cfg, env_kwargs=train_kwargs, out_dir=out / cfg.algo, ctx=ctx)
+        logger = None
+        if main:
+            logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=(out / cfg.algo / "checkpoint").exists())
         trainer.train(logger=logger, progress=progress)
-        logger.close()
-        stages.finish("rl", {"iterations": trainer.iteration, "env_steps": trainer.env_steps})
-        stages.finish("eval_final", evaluate_policy(policy, cfg, "final"))
+        if logger is not None:
+            logger.close()
+            stages.finish("rl", {"iterations": trainer.iteration, "env_steps": trainer.env_steps})
+        held_out("final")
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
     elif rl_cfg.iterations > 0:
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
@@ -167,8 +195,9 @@ def run(cfg: TrainConfig, progress: bool = True) -> dict:
         "success": {k.removeprefix("eval_"): v["success"] for k, v in stages.data.items() if k.startswith("eval_")},
         "wall_s_this_run": time.perf_counter() - t0,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    _stage_plot(stages.data, out / "stages.png", cfg)
+    if main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        _stage_plot(stages.data, out / "stages.png", cfg)
     return summary
 
 
