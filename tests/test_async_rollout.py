@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from test_rollout import GUESS_CALL, BisectAgent, canon
+from test_rollout import BisectAgent, canon
 
 from turngym.agents import OracleAgent
 from turngym.agents.base import SamplingParams
@@ -40,6 +40,8 @@ def test_async_returns_every_spec_once_in_order_with_sync_results(workers, agent
     assert [canon(t) for t in got] == ref
     via_mode = rollout(agent(), UNEVEN, specs, num_envs=3, workers=workers, mode="async", progress=False)
     assert [canon(t) for t in via_mode] == ref
+    piped = async_rollout(agent(), UNEVEN, specs, num_envs=3, workers=workers, max_batch=1, progress=False)
+    assert [canon(t) for t in piped] == ref
     assert async_rollout(agent(), UNEVEN, [], progress=False) == []
 
 
@@ -53,6 +55,22 @@ def test_async_acts_on_ready_episodes_without_waiting_for_slow_steps():
     async_rollout(asyn, env, specs, num_envs=2, progress=False)
     assert sync.batches == [["1", "3"]] * 3
     assert asyn.batches == [["1", "3"], ["3"], ["3"], ["1"], ["1"]]
+
+
+def test_max_batch_pipelines_episodes_of_equal_latency():
+    """Equal 0.1 s steps keep 4 episodes in lock-step; max_batch=2 splits them into two groups that
+    take turns: one generates while the other's tools run."""
+    env = make_env_factory("tests/SleepGuess-v0", sleep_s=0.1)
+    specs = episode_specs(["1", "3", "1", "3"], 4)
+    lockstep, piped = BisectAgent(), BisectAgent()
+    ref = [canon(t) for t in async_rollout(lockstep, env, specs, num_envs=4, progress=False)]
+    got = [canon(t) for t in async_rollout(piped, env, specs, num_envs=4, max_batch=2, progress=False)]
+    assert got == ref
+    assert sum(map(len, lockstep.batches)) == sum(map(len, piped.batches)) == 12
+    assert max(map(len, lockstep.batches)) > 2  # answers that arrive together are generated for together
+    assert max(map(len, piped.batches)) == 2 and len(piped.batches) >= 6
+    with pytest.raises(ValueError, match="max_batch"):
+        async_rollout(piped, env, specs, max_batch=0, progress=False)
 
 
 class Counting:

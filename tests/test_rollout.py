@@ -3,6 +3,7 @@ import importlib.util
 import os
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -24,6 +25,8 @@ class SleepGuessEnv(GuessEnv):
     ``hang_task``: the tool sleeps an hour on that task.
     """
 
+    lock, running, peak = threading.Lock(), 0, 0
+
     def __init__(self, sleep_s: float | dict = 0.0, kill_task: str | None = None, hang_task: str | None = None, **kw):
         self.sleep_s, self.kill_task, self.hang_task = sleep_s, kill_task, hang_task
         super().__init__(**kw)
@@ -33,7 +36,12 @@ class SleepGuessEnv(GuessEnv):
 
         def slow_guess(**args):
             s = self.sleep_s.get(self.task_id, 0.0) if isinstance(self.sleep_s, dict) else self.sleep_s
+            with SleepGuessEnv.lock:  # count tool calls in progress across in-process envs
+                SleepGuessEnv.running += 1
+                SleepGuessEnv.peak = max(SleepGuessEnv.peak, SleepGuessEnv.running)
             time.sleep(3600 if self.task_id == self.hang_task else s)
+            with SleepGuessEnv.lock:
+                SleepGuessEnv.running -= 1
             if self.task_id == self.kill_task:
                 os.kill(os.getpid(), signal.SIGKILL)
             return inner.fn(**args)
@@ -65,8 +73,10 @@ class BisectAgent:
         for m in conv.messages:
             if m.role == "assistant":
                 last = int(re.search(r'"number": (\d+)', m.content).group(1))
-            elif m.role == "tool" and last is not None:
-                lo, hi = (last + 1, hi) if m.content == "higher" else (lo, last - 1) if m.content == "lower" else (lo, hi)
+            elif m.role == "tool" and m.content == "higher":
+                lo = last + 1
+            elif m.role == "tool" and m.content == "lower":
+                hi = last - 1
         return (lo + hi) // 2
 
 
@@ -201,14 +211,14 @@ def test_parallel_steps_give_the_sequential_trajectories(agent):
         assert [canon(t) for t in got] == ref
 
 
-def test_parallel_steps_overlap_in_time():
-    """Four workers whose steps sleep 0.3 s each: one wave of steps takes about one sleep, not four."""
+@pytest.mark.parametrize("kind, overlap", [("local", 1), ("thread", 4)])
+def test_steps_run_one_at_a_time_inline_and_all_at_once_on_threads(kind, overlap):
+    SleepGuessEnv.running = SleepGuessEnv.peak = 0
     factory = make_env_factory("tests/SleepGuess-v0", sleep_s=0.3, scripted_hints=True)
-    trajs = rollout(OracleAgent(), factory, episode_specs(["1", "2", "3", "4"], 4), num_envs=4, workers="thread",
+    trajs = rollout(OracleAgent(), factory, episode_specs(["1", "2", "3", "4"], 4), num_envs=4, workers=kind,
                     progress=False)
     assert all(t.success for t in trajs)
-    starts = sorted(t.metadata["wall_s"] for t in trajs)
-    assert starts[-1] < 4 * 0.3  # sequential steps would need 1.2 s for the last episode alone
+    assert SleepGuessEnv.peak == overlap  # tool calls in progress at the same moment
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

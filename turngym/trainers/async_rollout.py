@@ -58,6 +58,8 @@ from turngym.trainers.rollout import (
 from turngym.trainers.workers import EnvCrashed, EnvHandle
 from turngym.types import Trajectory, Turn
 
+GATHER_S = 0.02  # after the first env answer, wait this long for each further one before generating
+
 
 @dataclass
 class _InFlight:
@@ -78,13 +80,14 @@ class _Engine:
     touch their handle and the completion queue. With ``version`` given, turns are tagged with it.
     """
 
-    def __init__(self, policy: Policy, handles: list[EnvHandle], sampling, metadata) -> None:
+    def __init__(self, policy: Policy, handles: list[EnvHandle], sampling, metadata, max_batch: int | None) -> None:
         self.policy, self.handles, self.sampling, self.metadata = policy, handles, sampling, metadata
+        self.max_batch = max_batch
         self.env_desc = handles[0].describe()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._flight: dict[int, _InFlight] = {}
         self.live: dict[int, tuple[int, Any]] = {}  # slot -> (spec index, episode)
-        self.ready: set[int] = set()
+        self.ready: list[int] = []  # slots waiting for the policy, in the order their env answered
 
     @property
     def busy(self) -> bool:
@@ -117,9 +120,13 @@ class _Engine:
             ``(slot, spec index, trajectory)`` for each episode that ended; its slot is free.
         """
         items = []
-        if not self.ready and self._flight:
-            items.append(self._done.get())
         with contextlib.suppress(queue.Empty):
+            if not self.ready and self._flight:
+                items.append(self._done.get())
+                # Steps sent together with equal latency come back within a few ms of each other:
+                # take the burst, rather than generate for its first episode alone.
+                while len(items) < len(self._flight):
+                    items.append(self._done.get(timeout=GATHER_S))
             while True:
                 items.append(self._done.get_nowait())
         ended = []
@@ -139,14 +146,14 @@ class _Engine:
             if ep.traj.truncated:
                 return [(slot, call.idx, ep.traj)]
             self.live[slot] = (call.idx, ep)
-            self.ready.add(slot)
+            self.ready.append(slot)
             return []
         idx, ep = self.live[slot]
         over = apply_step(ep, call.utt, call.turn, out)
         if call.version is not None:
             call.turn.info["policy_version"] = call.version
         if not over:
-            self.ready.add(slot)
+            self.ready.append(slot)
             return []
         del self.live[slot]
         traj = end_episode(ep)
@@ -157,11 +164,13 @@ class _Engine:
         return [(slot, idx, traj)]
 
     def act(self, version: int | None = None) -> None:
-        """One batched ``act`` over the ready episodes (in spec order), then dispatch their steps."""
-        slots = sorted(self.ready, key=lambda s: self.live[s][0])
+        """One batched ``act`` over the ready episodes (the longest-waiting ``max_batch`` of them,
+        in spec order), then dispatch their steps."""
+        k = self.max_batch or len(self.ready)
+        slots = sorted(self.ready[:k], key=lambda s: self.live[s][0])
         if not slots:
             return
-        self.ready.clear()
+        del self.ready[:k]
         utts = act_checked(self.policy, [self.live[s][1].conv for s in slots], self.sampling)
         for s, utt in zip(slots, utts):
             idx, ep = self.live[s]
@@ -179,19 +188,31 @@ def async_rollout(
     step_timeout_s: float = 60.0,
     progress: bool = True,
     metadata: dict[str, Any] | None = None,
+    max_batch: int | None = None,
 ) -> list[Trajectory]:
     """Play every episode in ``specs``, generating for ready episodes while other envs step.
 
-    Args and Returns: as ``turngym.trainers.rollout.rollout`` (``mode`` aside). A crashed or hung
-    env truncates its episode (error in metadata) and the run goes on.
+    Args and Returns: as ``turngym.trainers.rollout.rollout`` (``mode`` aside), plus:
+        max_batch: Act on at most this many ready episodes at once (None: all of them). With a
+            batch-at-a-time backend (HF) and envs of equal latency, all episodes stay in lock-step
+            and nothing overlaps; ``num_envs // 2`` splits them into two groups, so one group's
+            generation overlaps the other's env steps (pipelining).
+
+    A crashed or hung env truncates its episode (error in metadata) and the run goes on.
     """
+    _check_max_batch(max_batch)
     if not specs:
         return []
     handles = open_handles(workers, make_env, min(num_envs, len(specs)), step_timeout_s)
     try:
-        return _async_loop(_Engine(policy, handles, sampling, metadata), specs, progress)
+        return _async_loop(_Engine(policy, handles, sampling, metadata, max_batch), specs, progress)
     finally:
         close_handles(handles)
+
+
+def _check_max_batch(max_batch: int | None) -> None:
+    if max_batch is not None and max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}")
 
 
 def _async_loop(eng: _Engine, specs: list[EpisodeSpec], progress: bool) -> list[Trajectory]:
@@ -235,10 +256,11 @@ class AsyncCollector:
         step_timeout_s: Limit for one reset/step (not enforced for ``"local"``).
         metadata: Merged into every trajectory's metadata.
         version: The policy version at start.
+        max_batch: Act on at most this many ready episodes at once (see ``async_rollout``).
         lock: A lock to use as the weights lock (default: a new ``threading.Lock``).
 
     Raises:
-        ValueError: ``batch_size`` or ``num_envs`` below 1, or ``max_staleness`` below 0.
+        ValueError: ``batch_size``, ``num_envs`` or ``max_batch`` below 1, or ``max_staleness`` below 0.
     """
 
     def __init__(
@@ -255,15 +277,17 @@ class AsyncCollector:
         step_timeout_s: float = 60.0,
         metadata: dict[str, Any] | None = None,
         version: int = 0,
+        max_batch: int | None = None,
         lock: Any = None,
     ) -> None:
         if batch_size < 1 or num_envs < 1:
             raise ValueError(f"batch_size and num_envs must be >= 1, got {batch_size} and {num_envs}")
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        _check_max_batch(max_batch)
         self.policy, self.make_env, self.sampling, self.metadata = policy, make_env, sampling, metadata
         self.batch_size, self.max_staleness, self.num_envs = batch_size, max_staleness, num_envs
-        self.workers, self.step_timeout_s = workers, step_timeout_s
+        self.workers, self.step_timeout_s, self.max_batch = workers, step_timeout_s, max_batch
         self._specs: Iterator[EpisodeSpec] = iter(specs)
         self._lock = lock if lock is not None else threading.Lock()
         self._cond = threading.Condition()  # guards everything below; never held while acting
@@ -288,7 +312,7 @@ class AsyncCollector:
         if self._thread is not None:
             raise RuntimeError("AsyncCollector already started")
         self._handles = open_handles(self.workers, self.make_env, self.num_envs, self.step_timeout_s)
-        self._engine = _Engine(self.policy, self._handles, self.sampling, self.metadata)
+        self._engine = _Engine(self.policy, self._handles, self.sampling, self.metadata, self.max_batch)
         self._thread = threading.Thread(target=self._produce, daemon=True, name="turngym-collector")
         self._thread.start()
         return self
