@@ -175,3 +175,21 @@ def test_cli_real_lmrl_suite(tmp_path, capsys):
     assert set(res["skipped"]) <= {"turngym/Wordle-v0[words=lmrl]"}  # the only one that needs data
     assert all(s["episodes"] == 2 and s["success"] == 1.0 for s in res["envs"].values())
     assert "| turngym/Maze-v0 | 2 | 100.0" in capsys.readouterr().out
+
+
+def test_retry_errors_replays_only_errored_episodes(tmp_path):
+    run_bench(_cfg(tmp_path, in_process=True, episodes=4))
+    log = tmp_path / "run" / LOG_NAME
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    recs[2]["trajectory"]["metadata"]["error"] = "env worker did not answer 'reset' within 120s"  # as a crash logs it
+    recs[2]["trajectory"]["outcome"], recs[2]["trajectory"]["turns"] = 0.0, []
+    log.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    played = []
+    res = run_bench(_cfg(tmp_path, in_process=True, episodes=4), on_chunk=lambda e, rs: played.extend(rs))
+    assert played == [] and res["envs"][TOY]["errors"] == 1 and res["envs"][TOY]["success"] == 0.75
+
+    res = run_bench(_cfg(tmp_path, in_process=True, episodes=4, retry_errors=True),
+                    on_chunk=lambda e, rs: played.extend(r["index"] for r in rs))
+    assert played == [2] and res["envs"][TOY]["errors"] == 0 and res["envs"][TOY]["success"] == 1.0
+    assert res["envs"][TOY]["episodes"] == 4 and len(_log_keys(tmp_path)) == 5  # the later record wins

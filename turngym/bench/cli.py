@@ -22,6 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=int, default=0, help="episodes logged per chunk (default 2 x workers)")
     parser.add_argument("--out", default=None, help="output folder (default runs/bench/<suite>__<agent>__<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the latest run of this suite and agent")
+    parser.add_argument("--retry-errors", action="store_true",
+                        help="when resuming, play again episodes that ended in an env error (crash, timeout, sandbox)")
     parser.add_argument("--seed", type=int, default=0, help="reset seed of the first episode of each env")
     parser.add_argument("--temperature", type=float, default=0.0, help="LLM agents: 0 = greedy")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="LLM agents: reply length cap")
@@ -65,6 +67,7 @@ def main(args: argparse.Namespace) -> int:
             suite=args.suite, agent=args.agent, episodes=args.episodes, seed=args.seed, workers=args.workers,
             in_process=args.in_process, jobs=args.jobs, chunk=args.chunk, step_timeout_s=args.step_timeout,
             temperature=args.temperature, max_new_tokens=args.max_new_tokens, out=args.out, resume=args.resume,
+            retry_errors=args.retry_errors,
             progress=not args.quiet,
         )
         cfg.out = str(resolve_out_dir(cfg))  # fixed once, so the message below names the folder

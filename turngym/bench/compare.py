@@ -30,7 +30,7 @@ def compare_results(a: dict, b: dict, *, n_boot: int = 10000, seed: int = 0) -> 
         seed: Seed of the resampling.
 
     Returns:
-        Rows ``{"env", "a", "b", "n_a", "n_b", "diff", "ci", "p", "paired", "significant"}``.
+        Rows ``{"env", "a", "b", "n_a", "n_b", "n_boot", "diff", "ci", "p", "paired", "significant"}``.
     """
     rows = []
     for key, ea in a["envs"].items():
@@ -46,8 +46,13 @@ def compare_results(a: dict, b: dict, *, n_boot: int = 10000, seed: int = 0) -> 
             d = bootstrap_diff([xa[k] for k in order], [xb[k] for k in order], paired=True, n_boot=n_boot, seed=seed)
         else:
             d = bootstrap_diff(list(xa.values()), list(xb.values()), paired=False, n_boot=n_boot, seed=seed)
-        rows.append({"env": key, "a": ea["success"], "b": eb["success"], "n_a": len(xa), "n_b": len(xb), **d})
+        rows.append({"env": key, "a": ea["success"], "b": eb["success"], "n_a": len(xa), "n_b": len(xb),
+                     "n_boot": n_boot, **d})
     return rows
+
+
+def _p(row: dict) -> str:
+    return f"< {1 / row['n_boot']:.0e}" if row["p"] == 0 else f"{row['p']:.3g}"  # the bootstrap's resolution
 
 
 def format_compare(rows: list[dict], a_name: str, b_name: str, only_a=(), only_b=()) -> str:
@@ -63,7 +68,7 @@ def format_compare(rows: list[dict], a_name: str, b_name: str, only_a=(), only_b
         verdict = ("b better" if r["diff"] > 0 else "b worse") if r["significant"] else "no significant difference"
         lines.append(
             f"| {r['env']} | {100 * r['a']:.1f} (n={r['n_a']}) | {100 * r['b']:.1f} (n={r['n_b']}) | "
-            f"{100 * r['diff']:+.1f} | [{100 * lo:+.1f}, {100 * hi:+.1f}] | {r['p']:.3g} | {test} | {verdict} |"
+            f"{100 * r['diff']:+.1f} | [{100 * lo:+.1f}, {100 * hi:+.1f}] | {_p(r)} | {test} | {verdict} |"
         )
     for name, keys in (("a", only_a), ("b", only_b)):
         if keys:

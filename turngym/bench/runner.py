@@ -51,6 +51,7 @@ class BenchConfig:
     max_new_tokens: int = 64  # LLM agents: length cap of one reply
     out: str | None = None  # output folder (default runs/bench/<suite>__<agent>__<time>)
     resume: bool = False  # without --out: continue the latest run of this suite and agent
+    retry_errors: bool = False  # play again logged episodes that ended in an env error (crash, timeout)
     progress: bool = True  # tqdm bars
 
     def __post_init__(self) -> None:
@@ -267,7 +268,7 @@ def run_bench(cfg: BenchConfig, policy: Policy | None = None, on_chunk: ChunkCal
         if p.skipped:
             print(f"[bench] skipping {p.entry.key}: {p.skipped}")
     _check_records(plans, done)
-    work = [(p, _todo(p, done)) for p in plans if p.specs is not None]
+    work = [(p, _todo(p, done, cfg.retry_errors)) for p in plans if p.specs is not None]
     chunk = cfg.chunk or 2 * cfg.workers
     if cfg.jobs > 1:
         _run_pool(policy, work, chunk, cfg, log, on_chunk)
@@ -278,8 +279,12 @@ def run_bench(cfg: BenchConfig, policy: Policy | None = None, on_chunk: ChunkCal
     return results
 
 
-def _todo(plan: EntryPlan, done: dict) -> list[tuple[int, EpisodeSpec]]:
-    return [(i, s) for i, s in enumerate(plan.specs or []) if (plan.entry.key, i) not in done]
+def _todo(plan: EntryPlan, done: dict, retry_errors: bool) -> list[tuple[int, EpisodeSpec]]:
+    def finished(i: int) -> bool:
+        rec = done.get((plan.entry.key, i))
+        return rec is not None and not (retry_errors and "error" in rec["trajectory"].get("metadata", {}))
+
+    return [(i, s) for i, s in enumerate(plan.specs or []) if not finished(i)]
 
 
 def _chunks(items: list, size: int) -> list[list]:
