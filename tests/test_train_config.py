@@ -42,3 +42,16 @@ def test_cross_field_checks_fail_fast():
         ArcherConfig(tau=0.0)
     with pytest.raises(ValueError, match="algo"):
         TrainConfig(algo="ppo")
+
+
+def test_number_fields_accept_yaml_spellings():
+    from turngym.trainers.config import apply_overrides
+    from turngym.trainers.pipeline import TrainConfig
+
+    cfg = apply_overrides(TrainConfig(), ["pg.actor_lr=1e-4", "archer.gamma=1", "archer.max_turns=12",
+                                          "archer.iterations=3.0"])
+    assert cfg.pg.actor_lr == 1e-4 and isinstance(cfg.pg.actor_lr, float)
+    assert cfg.archer.gamma == 1.0 and isinstance(cfg.archer.gamma, float)
+    assert cfg.archer.max_turns == 12 and cfg.archer.iterations == 3 and isinstance(cfg.archer.iterations, int)
+    with pytest.raises(ValueError, match="expected a number"):
+        apply_overrides(TrainConfig(), ["pg.actor_lr=fast"])

@@ -8,6 +8,7 @@ config's ``__post_init__``.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,8 +50,33 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
             base = _default_of(defaults[key])
             merged = {**(dataclasses.asdict(base) if base is not None else {}), **value}
             value = from_dict(tp, merged, f"{where}{key}.")
-        kwargs[key] = value
+        kwargs[key] = _coerce(value, tp, f"{where}{key}")
     return cls(**kwargs)
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    """Convert a YAML scalar to the field's number type: YAML reads ``1e-4`` as a string (it wants
+    ``1.0e-4``) and ``1`` as an int, and both are common in configs and ``--set`` overrides.
+
+    Raises:
+        ValueError: a string that is not a number, for a number field.
+    """
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
+    if isinstance(value, bool) or tp not in (int, float):
+        return value
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"{name}: expected a number, got {value!r}") from None
+    if tp is float and isinstance(value, int):
+        return float(value)
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _default_of(f: dataclasses.Field) -> Any:
