@@ -19,7 +19,7 @@ Throughput is agent turns (env steps) per wall-clock second of the whole call, r
 start-up included. Every configuration runs ``--reps`` times, interleaved; the median is reported.
 
     python benchmarks/parallel_envs.py
-    python benchmarks/parallel_envs.py --tw-episodes 64 --sleep-s 0.02 --reps 3
+    python benchmarks/parallel_envs.py --tw-episodes 32 --sleep-s 0.02 --reps 3
 """
 
 from __future__ import annotations
@@ -139,10 +139,10 @@ def bench_env(name: str, env_id: str, kw: dict, episodes: int, reps: int, extra:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tw-episodes", type=int, default=32)
+    p.add_argument("--tw-episodes", type=int, default=64)
     p.add_argument("--sleep-episodes", type=int, default=16)
     p.add_argument("--sleep-s", type=float, default=0.05, help="the sleep env's tool latency")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     args = p.parse_args()
     print(f"cores: {os.cpu_count()}, load average at start: {os.getloadavg()[0]:.2f}")
     bench_env("TextWorld-easy (CPU-bound)", "turngym/TextWorld-easy-v0", {"split": "test", "scripted_hints": True},

@@ -18,6 +18,13 @@ those threads, which helps when steps release the GIL (sleeps, subprocesses, doc
 CPU-bound Python env wants ``workers=True`` (subprocesses). ``"local"`` handles cannot enforce
 ``step_timeout_s``; ``"thread"`` handles can.
 
+When it pays (measured in ``benchmarks/async_rollout.py``): against sync rollout with parallel env
+steps, async only wins when episodes fall out of step (unequal tool latencies or episode lengths)
+and generating for a smaller batch is cheaper than for a full one (compute-bound generation), or
+when the backend batches requests continuously. An HF policy whose batch costs about the same at
+any size, with equal tool latencies, is as fast in sync mode with ``workers="thread"``/``True``.
+The larger win is ``AsyncCollector``: the trainer's update runs while episodes keep being played.
+
 Intended use from a trainer (generation and the optimizer share the model object)::
 
     collector = AsyncCollector(policy, make_env_factory(env_id), itertools.cycle(specs),
