@@ -57,6 +57,7 @@ def main(args: argparse.Namespace) -> int:
         print("error: --suite NAME is required (or --compare A B, or --list)", file=sys.stderr)
         return 2
     import turngym  # noqa: F401  (registers the built-in envs)
+    from turngym.agents import make_agent
     from turngym.bench.report import markdown
     from turngym.bench.runner import BenchConfig, BenchError, resolve_out_dir, run_bench
     from turngym.bench.suites import get_suite
@@ -71,8 +72,13 @@ def main(args: argparse.Namespace) -> int:
             progress=not args.quiet,
         )
         cfg.out = str(resolve_out_dir(cfg))  # fixed once, so the message below names the folder
-        results = run_bench(cfg)
-    except (KeyError, BenchError) as e:
+        policy = make_agent(args.agent)
+    except (KeyError, ValueError) as e:  # unknown suite or agent, bad numbers, nothing to resume
+        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    try:
+        results = run_bench(cfg, policy)
+    except BenchError as e:
         print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     print(markdown(results))

@@ -257,12 +257,12 @@ def run_bench(cfg: BenchConfig, policy: Policy | None = None, on_chunk: ChunkCal
 
     t0 = time.perf_counter()
     entries = get_suite(cfg.suite, cfg.episodes)
+    policy = policy if policy is not None else make_agent(cfg.agent)  # a bad spec fails before any file is written
     out = resolve_out_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     _check_config(out, cfg.identity(entries))
     log = EpisodeLog(out / LOG_NAME)
     done = log.load()
-    policy = policy if policy is not None else make_agent(cfg.agent)
     plans = [plan_entry(e, dict(getattr(policy, "env_kwargs", {})), cfg.seed) for e in entries]
     for p in plans:
         if p.skipped:
