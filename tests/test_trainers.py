@@ -155,3 +155,22 @@ def test_trainable_switches_train_only_what_they_say(policy, tmp_path, trainable
     trainer.step()
     assert any(not torch.equal(before[n], p) for n, p in _params(trainer.model).items())
     assert all(torch.equal(frozen_before[n], p) for n, p in trainer.model.named_parameters() if n in frozen_before)
+
+
+def test_archer_with_async_collection_bounds_staleness(policy, tmp_path):
+    cfg = _archer_cfg(iterations=3, async_staleness=1, env_workers="thread", actor_lr=1e-2, checkpoint_every=0)
+    trainer = ArcherTrainer(policy, ENV, cfg, out_dir=tmp_path)
+    trainer.setup()
+    before = _params(trainer.model)
+    rows = trainer.train(progress=False)
+    assert [r["env_steps"] > 0 for r in rows] == [True] * 3
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+    assert any(not torch.equal(before[n], p) for n, p in _params(trainer.model).items())
+    assert trainer._collector is None  # closed at the end of train()
+
+
+def test_async_collection_refuses_groups(policy, tmp_path):
+    cfg = PGConfig(algo="grpo", iterations=1, episodes_per_iter=4, group_size=2, num_envs=4, max_new_tokens=6,
+                   async_staleness=0)
+    with pytest.raises(ValueError, match="groups"):
+        PGTrainer(policy, ENV, cfg, out_dir=tmp_path).train(progress=False)

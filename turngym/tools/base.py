@@ -239,7 +239,7 @@ def _call_with_timeout(fn: Callable[..., str], args: dict, timeout_s: float | No
         return _call_with_alarm(fn, args, timeout_s)
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="turngym-tool")
+        _pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="turngym-tool")  # one per concurrent env step
     future = _pool.submit(fn, **args)
     try:
         return future.result(timeout=timeout_s)

@@ -133,7 +133,8 @@ class ArcherTrainer(OnlineTrainer):
             metrics.update(base_metrics)
         metrics.update(advantage_stats(adv))
         if self.critic_steps >= cfg.critic_warmup:
-            metrics.update(actor_update(self.model, self.actor_opt, batch, token_adv, ref_logprobs, cfg, self.gen, self.ctx))
+            with self.weights_lock():
+                metrics.update(actor_update(self.model, self.actor_opt, batch, token_adv, ref_logprobs, cfg, self.gen, self.ctx))
         metrics["actor/active"] = float(self.critic_steps >= cfg.critic_warmup)
         return self.finish_step(metrics)
 

@@ -49,6 +49,9 @@ class OnlineConfig:
     lora_r: int = knob(16, "LoRA rank when trainable=lora")
     lora_alpha: int = knob(32, "LoRA alpha when trainable=lora")
     autocast: str = knob("bf16", "bf16 | none: mixed precision for the training forwards (weights stay fp32)")
+    env_workers: str = knob("local", "where envs run: local | thread | subprocess | ray")
+    async_staleness: int = knob(-1, "-1: collect, then update; k >= 0: keep collecting on a background thread "
+                                    "during updates, training on episodes at most k policy versions old")
     seed: int = knob(0, "seeds task order, sampling and minibatches")
     checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
 
@@ -61,6 +64,8 @@ class OnlineConfig:
             raise ValueError(f"autocast must be bf16 or none, got {self.autocast!r}")
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.env_workers not in ("local", "thread", "subprocess", "ray"):
+            raise ValueError(f"env_workers must be local, thread, subprocess or ray, got {self.env_workers!r}")
 
     def sampling(self, iteration: int) -> SamplingParams:
         # the seed depends only on (seed, iteration): a resumed run samples exactly as the original
@@ -142,20 +147,30 @@ def collect(policy: Any, env_id: str, env_kwargs: dict, specs: list[EpisodeSpec]
     """
     ctx = ctx or DistContext()
     specs = ctx.shard(specs, group_size)
-    kwargs = dict(env_kwargs)
-    if cfg.max_turns is not None:
-        kwargs["max_turns"] = cfg.max_turns
     policy.invalidate_caches()  # the weights changed since the last collection
     sampling = cfg.sampling(iteration)
     sampling.seed = ctx.rank_seed(sampling.seed)  # ranks playing the same task must not sample alike
     t0 = time.perf_counter()
-    trajs = rollout(policy, make_env_factory(env_id, **kwargs), specs, sampling=sampling,
-                    num_envs=cfg.num_envs, progress=False)
-    dt = time.perf_counter() - t0
+    trajs = rollout(policy, env_factory(env_id, env_kwargs, cfg), specs, sampling=sampling,
+                    num_envs=cfg.num_envs, workers=cfg.env_workers, progress=False)
+    metrics = rollout_metrics(trajs, time.perf_counter() - t0)
+    return trajs, ctx.all_reduce_metrics(metrics, weight=len(trajs), sum_keys=("rollout/env_steps", "rollout/tokens_per_s"))
+
+
+def env_factory(env_id: str, env_kwargs: dict, cfg: OnlineConfig):
+    """The picklable env factory the trainer plays (with the config's turn limit)."""
+    kwargs = dict(env_kwargs)
+    if cfg.max_turns is not None:
+        kwargs["max_turns"] = cfg.max_turns
+    return make_env_factory(env_id, **kwargs)
+
+
+def rollout_metrics(trajs: list[Trajectory], dt: float) -> dict[str, float]:
+    """Success, return, length, invalid-action rate and speed of a batch of episodes."""
     turns = sum(len(t.turns) for t in trajs)
     tokens = sum(len(x.action_ids) for t in trajs for x in t.turns)
     invalid = sum(1 for t in trajs for x in t.turns if not x.info.get("action_valid", False))
-    metrics = {
+    return {
         "rollout/success": sum(t.success for t in trajs) / len(trajs),
         "rollout/return": sum(t.total_reward for t in trajs) / len(trajs),
         "rollout/turns": turns / len(trajs),
@@ -164,7 +179,6 @@ def collect(policy: Any, env_id: str, env_kwargs: dict, specs: list[EpisodeSpec]
         "rollout/tokens_per_s": tokens / dt if dt > 0 else 0.0,
         "rollout/seconds": dt,
     }
-    return trajs, ctx.all_reduce_metrics(metrics, weight=len(trajs), sum_keys=("rollout/env_steps", "rollout/tokens_per_s"))
 
 
 @torch.no_grad()

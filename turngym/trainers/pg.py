@@ -114,6 +114,7 @@ class PGTrainer(OnlineTrainer):
         metrics.update(advantage_stats(adv))
         # all-equal groups carry no signal: skip the update (jointly across ranks), keep the data count
         if self.ctx.any_rank(bool(adv.abs().sum() > 0)):
-            metrics.update(actor_update(self.model, self.actor_opt, batch, adv[batch.token_turn], ref_logprobs, cfg,
-                                        self.gen, self.ctx))
+            with self.weights_lock():
+                metrics.update(actor_update(self.model, self.actor_opt, batch, adv[batch.token_turn], ref_logprobs, cfg,
+                                            self.gen, self.ctx))
         return self.finish_step(metrics)

@@ -9,10 +9,19 @@ Data parallelism: with a multi-process ``DistContext`` (``torchrun`` / ``acceler
 rank plays its shard of every iteration's episodes and gradients are averaged before each
 optimizer step (``online.actor_update``); rank 0 alone logs and writes checkpoints, and every rank
 resumes from them. With the default single-process context every call is a no-op.
+
+Async collection (``cfg.async_staleness >= 0``): an ``AsyncCollector`` keeps playing the same task
+schedule on a background thread while the trainer scores and updates; each iteration trains on
+episodes at most ``async_staleness`` policy versions old (the PPO ratio uses the log-probs recorded
+at sampling time, so stale samples are importance-corrected and clipped). Weight changes happen
+under ``weights_lock`` so generation never sees a half-updated model.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,7 +33,10 @@ from turngym.rewards import load_reward_state_dict, make_reward, reward_state_di
 from turngym.trainers.checkpoint import load_checkpoint, save_checkpoint
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
-from turngym.trainers.online import OnlineConfig, collect, frozen_copy, prepare_trainable, split_task_ids
+from turngym.trainers.async_rollout import AsyncCollector
+from turngym.trainers.online import (
+    OnlineConfig, collect, env_factory, frozen_copy, prepare_trainable, rollout_metrics, split_task_ids, task_schedule,
+)
 from turngym.types import Trajectory
 
 
@@ -49,6 +61,7 @@ class OnlineTrainer:
         self.out_dir = Path(out_dir)
         self.ckpt_dir = self.out_dir / "checkpoint"
         self.ctx = ctx or DistContext()
+        self._collector: AsyncCollector | None = None
         self.iteration = 0
         self.env_steps = 0
         self._ready = False
@@ -80,16 +93,58 @@ class OnlineTrainer:
         raise NotImplementedError
 
     def collect(self, specs: list, group_size: int = 1) -> tuple[list[Trajectory], dict]:
-        """Play this rank's share of ``specs`` with the current policy."""
-        return collect(self.policy, self.env_id, self.env_kwargs, specs, self.cfg, self.iteration,
-                       ctx=self.ctx, group_size=group_size)
+        """Play this rank's share of ``specs`` with the current policy; in async mode, take
+        ``len(specs)`` episodes from the background collector instead (the same task schedule)."""
+        if self.cfg.async_staleness < 0:
+            return collect(self.policy, self.env_id, self.env_kwargs, specs, self.cfg, self.iteration,
+                           ctx=self.ctx, group_size=group_size)
+        if self._collector is None:
+            self._start_collector(len(specs), group_size)
+        t0 = time.perf_counter()
+        trajs = self._collector.get(len(specs))
+        metrics = rollout_metrics(trajs, time.perf_counter() - t0)  # seconds: time the trainer waited
+        lag = [self.iteration - t.metadata.get("policy_version", self.iteration) for t in trajs]
+        stats = self._collector.stats
+        metrics.update({"async/staleness_mean": sum(lag) / len(lag), "async/staleness_max": float(max(lag)),
+                        "async/dropped_stale": float(stats.get("dropped_stale", 0))})
+        return trajs, metrics
+
+    def _start_collector(self, n: int, group_size: int) -> None:
+        if group_size > 1:
+            raise ValueError("async collection streams episodes one at a time and cannot keep groups together; "
+                             "use ArCHer or reinforce/group_size=1, or async_staleness=-1")
+        if self.ctx.enabled:
+            raise ValueError("async collection runs in one process; use async_staleness=-1 with torchrun")
+        cfg = self.cfg
+        # the same tasks, in the same order, as synchronous collection would play from here on
+        stream = (spec for it in itertools.count(self.iteration)
+                  for spec in task_schedule(self.task_ids, n, cfg.seed, it))
+        sampling = cfg.sampling(self.iteration)
+        sampling.seed = None  # one stream of samples across iterations (async runs are not bit-reproducible)
+        self._collector = AsyncCollector(
+            self.policy, env_factory(self.env_id, self.env_kwargs, cfg), stream, batch_size=n,
+            max_staleness=cfg.async_staleness, sampling=sampling, num_envs=cfg.num_envs,
+            workers=cfg.env_workers, version=self.iteration,
+        ).start()
+
+    def weights_lock(self):
+        """Hold while changing the weights: background generation pauses (a no-op when synchronous)."""
+        return self._collector.weights_lock() if self._collector is not None else contextlib.nullcontext()
 
     def finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
         """Advance the counters after an iteration and add them to its metrics."""
         self.iteration += 1
         self.env_steps += int(metrics["rollout/env_steps"])  # already summed over ranks
         metrics["env_steps"] = self.env_steps
+        if self._collector is not None:
+            self._collector.set_version(self.iteration)  # the policy is now one version newer
         return metrics
+
+    def close(self) -> None:
+        """Stop the background collector, if any."""
+        if self._collector is not None:
+            self._collector.close()
+            self._collector = None
 
     # ----- the loop -------------------------------------------------------------------------
     def train(self, resume: bool = True, logger: MetricsLogger | None = None, progress: bool = True) -> list[dict]:
@@ -109,16 +164,20 @@ class OnlineTrainer:
         cfg = self.cfg
         bar = tqdm(total=cfg.iterations, initial=self.iteration, desc=self.name, disable=not (progress and main))
         rows = []
-        while self.iteration < cfg.iterations:
-            metrics = self.step()
-            if logger is not None and main:
-                logger.log(metrics, step=self.iteration)
-            rows.append(metrics)
-            bar.update(1)
-            bar.set_postfix(success=f"{metrics['rollout/success']:.2f}", steps=metrics["env_steps"])
-            every = cfg.checkpoint_every
-            if (every and self.iteration % every == 0) or self.iteration == cfg.iterations:
-                self.save(self.ckpt_dir)
+        try:
+            while self.iteration < cfg.iterations:
+                metrics = self.step()
+                if logger is not None and main:
+                    logger.log(metrics, step=self.iteration)
+                rows.append(metrics)
+                bar.update(1)
+                bar.set_postfix(success=f"{metrics['rollout/success']:.2f}", steps=metrics["env_steps"])
+                every = cfg.checkpoint_every
+                if (every and self.iteration % every == 0) or self.iteration == cfg.iterations:
+                    with self.weights_lock():  # a consistent snapshot while generation goes on
+                        self.save(self.ckpt_dir)
+        finally:
+            self.close()
         bar.close()
         if main and logger is not None:
             plot_learning_curve(logger.rows(), self.out_dir / "learning_curve.png", title=f"{self.name} on {self.env_id}")
