@@ -7,6 +7,7 @@ so a killed run resumes at the stage it was in (the RL stage from its own checkp
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -28,7 +29,7 @@ class EvalConfig:
     """Held-out evaluation between stages."""
 
     episodes: int = knob(20, "held-out episodes per evaluation")
-    split: str = knob("test", "the held-out split")
+    split: str = knob("test", "the held-out split ('' for an env without splits)")
     zero_shot: bool = knob(True, "evaluate before any training")
     max_new_tokens: int = knob(16, "length cap per utterance")
     num_envs: int = knob(20, "episodes in flight")
@@ -58,7 +59,7 @@ class TrainConfig:
     algo: str = knob("archer", "archer | grpo | gigpo | rloo | reinforce")
     env_id: str = knob("turngym/TextWorld-easy-v0", "environment to train on")
     env_kwargs: dict = knob({"tool_format": "xml"}, "env constructor overrides, for training and evaluation")
-    train_split: str = knob("train", "split the trainers play")
+    train_split: str = knob("train", "split the trainers play ('' for an env without splits)")
     output_dir: str = knob("runs/quickstart", "checkpoints, metrics, plots, summary.json")
     seed: int = knob(0, "global seed")
     threads: int = knob(0, "torch CPU threads (0 = torch's default)")
@@ -88,13 +89,29 @@ def load_policy(spec: str) -> Any:
     return policy
 
 
+def _with_split(env_kwargs: dict, split: str) -> dict:
+    """The env kwargs for one split ('' = an env without splits: pass none)."""
+    return {**env_kwargs, "split": split} if split else dict(env_kwargs)
+
+
+def save_final_model(policy: Any, path: Path) -> Path:
+    """The trained policy as a Hugging Face model folder: ``--agent hf:PATH`` plays it and
+    ``turngym bench`` benchmarks it. LoRA adapters are folded into a copy of the weights."""
+    model = policy.model
+    if hasattr(model, "merge_and_unload"):
+        model = copy.deepcopy(model).merge_and_unload()
+    model.save_pretrained(path)
+    policy.tokenizer.save_pretrained(path)
+    return path
+
+
 def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str) -> dict:
     from turngym.agents.base import SamplingParams
     from turngym.bench.evaluate import evaluate
 
     policy.invalidate_caches()
     res = evaluate(cfg.env_id, policy, agent_name=f"{cfg.model}@{tag}", episodes=cfg.eval.episodes,
-                   seed=10_000 + cfg.seed, env_kwargs={**cfg.env_kwargs, "split": cfg.eval.split},
+                   seed=10_000 + cfg.seed, env_kwargs=_with_split(cfg.env_kwargs, cfg.eval.split),
                    sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed),
                    num_envs=cfg.eval.num_envs, progress=False)
     res.save(Path(cfg.output_dir) / f"eval_{tag}.json")
@@ -145,7 +162,7 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None)
     if ctx.device.type != "cpu":
         policy.model.to(ctx.device)
     say = print if progress and main else (lambda *a, **k: None)
-    train_kwargs = {**cfg.env_kwargs, "split": cfg.train_split}
+    train_kwargs = _with_split(cfg.env_kwargs, cfg.train_split)
 
     def held_out(tag: str) -> None:
         """Evaluate on rank 0 (the others wait) and record the stage."""
@@ -184,6 +201,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None)
         if logger is not None:
             logger.close()
             stages.finish("rl", {"iterations": trainer.iteration, "env_steps": trainer.env_steps})
+        if main:
+            save_final_model(policy, out / "final_model")
         held_out("final")
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
     elif rl_cfg.iterations > 0:
