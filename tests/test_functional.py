@@ -99,3 +99,12 @@ def test_hl_gauss_categorical_value():
 def test_masked_mean_handles_empty_masks():
     assert_close(Fn.masked_mean(t([1.0, 2.0]), t([0.0, 0.0])), t(0.0))
     assert_close(Fn.masked_mean(t([1.0, 3.0]), t([1.0, 1.0])), t(2.0))
+
+
+def test_td_advantage_by_hand():
+    r = torch.tensor([0.0, 1.0, 0.0])
+    v = torch.tensor([0.5, 0.8, 0.2])
+    v_next = torch.tensor([0.8, 9.0, 0.4])  # the middle turn ends the episode: its V(s') is ignored
+    done = torch.tensor([0.0, 1.0, 0.0])
+    # 0 + .9*.8 - .5 = .22;  1 - .8 = .2;  0 + .9*.4 - .2 = .16
+    torch.testing.assert_close(Fn.td_advantage(r, v, v_next, done, 0.9), torch.tensor([0.22, 0.2, 0.16]))

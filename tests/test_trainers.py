@@ -174,3 +174,12 @@ def test_async_collection_refuses_groups(policy, tmp_path):
                    async_staleness=0)
     with pytest.raises(ValueError, match="groups"):
         PGTrainer(policy, ENV, cfg, out_dir=tmp_path).train(progress=False)
+
+
+def test_archer_td_advantage_updates_the_actor(policy, tmp_path):
+    trainer = ArcherTrainer(policy, ENV, _archer_cfg(iterations=1, advantage="td", actor_lr=1e-2), out_dir=tmp_path)
+    trainer.setup()
+    before = _params(trainer.model)
+    row = trainer.step()
+    assert row["actor/active"] == 1.0 and "adv/std" in row
+    assert any(not torch.equal(before[n], p) for n, p in _params(trainer.model).items())

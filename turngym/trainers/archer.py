@@ -6,7 +6,8 @@ of turns, with clipped double-Q and Polyak-averaged target heads:
     y_Q = r + gamma * (1 - done) * V_target(s')          (Q loss on both heads)
     y_V = min(Q1_target, Q2_target)(s, a)                (V loss)
 
-Low level: the token-level actor maximises the utterance advantage A = min(Q1, Q2)(s, a) - V(s),
+Low level: the token-level actor maximises the utterance advantage A = min(Q1, Q2)(s, a) - V(s)
+(or, with ``advantage="td"``, the one-step TD advantage r + gamma * V(s') - V(s) from the same critic),
 given to every token of the utterance (optionally minus a token-level baseline b(s, a_<t)),
 through PPO's clipped surrogate on the recorded sampling log-probs, with KL / entropy guards.
 
@@ -54,6 +55,7 @@ class ArcherConfig(OnlineConfig):
     v_max: float = knob(1.5, "highest value of the categorical support")
     token_baseline: bool = knob(False, "subtract a token-level baseline b(s, a_<t) fitted to Q(s, a)")
     critic_encoder: str = knob("reference", "reference (frozen policy backbone) or a path to another LM")
+    advantage: str = knob("q_minus_v", "q_minus_v: A = min(Q1, Q2)(s, a) - V(s) (the paper); td: A = r + gamma V(s') - V(s)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -63,6 +65,8 @@ class ArcherConfig(OnlineConfig):
             raise ValueError(f"tau must be in (0, 1], got {self.tau}")
         if self.categorical and self.v_min >= self.v_max:
             raise ValueError("v_min must be < v_max")
+        if self.advantage not in ("q_minus_v", "td"):
+            raise ValueError(f"advantage must be q_minus_v or td, got {self.advantage!r}")
 
 
 class ArcherTrainer(OnlineTrainer):
@@ -124,7 +128,11 @@ class ArcherTrainer(OnlineTrainer):
         with torch.no_grad():
             q1, q2 = self.critic.q_values(s_feat, sa_feat)
             q = Fn.double_q_min(q1, q2)
-            adv = Fn.utterance_advantage(q, self.critic.value(s_feat))
+            v = self.critic.value(s_feat)
+            if cfg.advantage == "td":
+                adv = Fn.td_advantage(r, v, self.critic.value(next_feat), done, cfg.gamma)
+            else:
+                adv = Fn.utterance_advantage(q, v)
         if cfg.normalize_advantages and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-6)
         token_adv = adv[batch.token_turn]

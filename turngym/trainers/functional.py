@@ -40,6 +40,17 @@ def utterance_advantage(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return q - v
 
 
+def td_advantage(reward: torch.Tensor, value: torch.Tensor, next_value: torch.Tensor, done: torch.Tensor,
+                 gamma: float) -> torch.Tensor:
+    """One-step TD advantage ``A = r + gamma * (1 - done) * V(s') - V(s)``, shape ``(N,)``.
+
+    It reads the action's effect off what actually followed it (the reward and the next state's
+    value) instead of off Q's action features: with few samples per state a critic learns V well
+    before it learns how Q varies with the action.
+    """
+    return td_target(reward, next_value, done, gamma) - value
+
+
 def broadcast_to_tokens(per_turn: torch.Tensor, token_turn: torch.Tensor) -> torch.Tensor:
     """Give every token its turn's value: ``out[b, t] = per_turn[token_turn[b, t]]``, 0 where -1.
 
