@@ -159,8 +159,9 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None)
     stages = _Stages(out, write=main)
     t0 = time.perf_counter()
     policy = load_policy(cfg.model)
-    if ctx.device.type != "cpu":
+    if ctx.enabled and ctx.device != policy.device:  # each rank on its own GPU
         policy.model.to(ctx.device)
+        policy.device = ctx.device
     say = print if progress and main else (lambda *a, **k: None)
     train_kwargs = _with_split(cfg.env_kwargs, cfg.train_split)
 
