@@ -1,5 +1,4 @@
 import dataclasses
-import importlib.util
 import os
 import re
 import signal
@@ -189,13 +188,6 @@ def test_unknown_handle_kinds_are_clear_errors():
         make_handle("cluster", GUESS)
     with pytest.raises(ValueError, match="mode"):
         rollout(OracleAgent(), GUESS, episode_specs(["1"], 1), mode="eager", progress=False)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("turngym.trainers.ray_backend") is not None,
-                    reason="the Ray backend exists; its own tests cover it")
-def test_ray_kind_without_backend_is_a_clear_import_error():
-    with pytest.raises(ImportError, match="ray"):
-        make_handle("ray", GUESS)
 
 
 @pytest.mark.parametrize("agent", [lambda: RandomAgent(seed=4), BisectAgent])
