@@ -1,0 +1,139 @@
+"""Does ArCHer's critic tell good actions from bad ones? An offline probe.
+
+Plays episodes with a policy on an env that has an oracle (``scripted_hints=True`` puts the
+oracle's next action in ``info`` without changing what the policy sees), computes the critic's
+features exactly as ``ArcherTrainer`` does (the frozen reference's hidden states), trains the
+critic the same way (TD from a replay buffer, fed in chunks like iterations) on the first two
+thirds of the episodes, and scores advantage estimates on the last third by AUC:
+
+- ``oracle``: does A rank the oracle's action above the others (turns after the first, where
+  the oracle's action for the state is known from the previous turn's info)?
+- ``valid``: does A rank valid actions above invalid ones?
+
+0.5 is chance. Measured on the quickstart's SFT policy (README, "What the quickstart gives"):
+Q - V was at chance; the TD advantage r + gamma V(s') - V(s) did better.
+
+    python scripts/critic_probe.py --weights runs/quickstart/sft_model.pt --iterations 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from turngym.agents import make_agent
+from turngym.agents.base import SamplingParams
+from turngym.trainers import functional as Fn
+from turngym.trainers.archer import _transitions
+from turngym.trainers.critic import ReplayBuffer, UtteranceCritic, make_target, soft_update
+from turngym.trainers.online import reference_pass, split_task_ids, task_schedule
+from turngym.trainers.rollout import make_env_factory, rollout
+from turngym.trainers.sequences import pack_batch
+
+
+def auc(scores: list[float], labels: list[float]) -> float:
+    """P(score of a positive > score of a negative), ties counting half; NaN without both classes."""
+    pos = [s for s, y in zip(scores, labels) if y == 1.0]
+    neg = [s for s, y in zip(scores, labels) if y == 0.0]
+    if not pos or not neg:
+        return float("nan")
+    return sum((p > q) + 0.5 * (p == q) for p in pos for q in neg) / (len(pos) * len(neg))
+
+
+def play(policy, args) -> list:
+    kwargs = {**args.env_kwargs, **({"split": args.split} if args.split else {}), "scripted_hints": True}
+    tasks = split_task_ids(args.env, kwargs)
+    trajs = []
+    for it in range(args.iterations):
+        specs = task_schedule(tasks, args.episodes_per_iter, args.seed, it)
+        trajs += rollout(policy, make_env_factory(args.env, **kwargs), specs, num_envs=args.episodes_per_iter,
+                         sampling=SamplingParams(args.temperature, 1.0, args.max_new_tokens, seed=it), progress=False)
+        print(f"iteration {it}: success {sum(t.success for t in trajs[-len(specs):]) / len(specs):.2f}", flush=True)
+    return trajs
+
+
+def features(policy, trajs, chunk: int):
+    """Per flat turn: phi(s), phi(s, a), reward, done, phi(s') and the turn's (traj, k)."""
+    parts = []
+    for i in range(0, len(trajs), chunk):
+        batch = pack_batch(trajs[i : i + chunk], policy.pad_id)
+        _, h = reference_pass(policy.model, batch, True, "bf16")
+        s, sa = h[batch.state_pos[:, 0], batch.state_pos[:, 1]], h[batch.action_pos[:, 0], batch.action_pos[:, 1]]
+        rewards = [[turn.reward for turn in t.turns] for t in trajs[i : i + chunk]]
+        r, done, nxt = _transitions(batch, rewards, s)
+        parts.append((s, sa, r, done, nxt, [(ti + i, k) for ti, k in batch.turn_refs]))
+    return [torch.cat([p[j] for p in parts]) for j in range(5)] + [[ref for p in parts for ref in p[5]]]
+
+
+def train_critic(s, sa, r, done, nxt, n_train: int, args) -> UtteranceCritic:
+    torch.manual_seed(args.seed)
+    critic = UtteranceCritic(s.shape[1], args.critic_hidden)
+    target, opt = make_target(critic), torch.optim.AdamW(critic.parameters(), lr=args.critic_lr)
+    buf = ReplayBuffer(len(s), s.shape[1], seed=args.seed)
+    bounds = [n_train * j // args.chunks for j in range(args.chunks + 1)]
+    for lo, hi in zip(bounds, bounds[1:]):  # data arrives in chunks, as in training iterations
+        buf.add(s[lo:hi], sa[lo:hi], r[lo:hi], done[lo:hi], nxt[lo:hi])
+        for _ in range(args.critic_updates):
+            b = buf.sample(64)
+            with torch.no_grad():
+                y = Fn.td_target(b["reward"], target.value(b["next_s"]), b["done"], args.gamma)
+                y_v = Fn.double_q_min(*target.q_values(b["s"], b["sa"]))
+            q1, q2 = critic.q_raw(b["s"], b["sa"])
+            loss = critic.value_loss(q1, y) + critic.value_loss(q2, y) + critic.value_loss(critic.v(b["s"]), y_v)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            soft_update(target, critic, args.tau)
+    return critic
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--env", default="turngym/TextWorld-easy-v0")
+    ap.add_argument("--env-kwargs", type=json.loads, default={"tool_format": "xml"})
+    ap.add_argument("--split", default="train", help="'' for envs without splits")
+    ap.add_argument("--agent", default="default")
+    ap.add_argument("--weights", default=None, help="a state dict to load into the policy (e.g. sft_model.pt)")
+    ap.add_argument("--iterations", type=int, default=6)
+    ap.add_argument("--episodes-per-iter", type=int, default=16)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--gamma", type=float, default=0.95)
+    ap.add_argument("--tau", type=float, default=0.05)
+    ap.add_argument("--critic-hidden", type=int, default=256)
+    ap.add_argument("--critic-lr", type=float, default=1e-3)
+    ap.add_argument("--critic-updates", type=int, default=50, help="TD updates per chunk")
+    ap.add_argument("--chunks", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    policy = make_agent(args.agent)
+    if args.weights:
+        policy.model.load_state_dict(torch.load(args.weights, map_location="cpu"))
+    trajs = play(policy, args)
+    s, sa, r, done, nxt, refs = features(policy, trajs, args.episodes_per_iter)
+    split = next(i for i, (ti, _) in enumerate(refs) if ti >= len(trajs) * 2 // 3)
+    critic = train_critic(s, sa, r, done, nxt, split, args)
+    with torch.no_grad():
+        v = critic.value(s)
+        estimates = {
+            "Q - V (ArCHer)": Fn.utterance_advantage(Fn.double_q_min(*critic.q_values(s, sa)), v),
+            "r + gamma V(s') - V(s) (advantage=td)": Fn.td_advantage(r, v, critic.value(nxt), done, args.gamma),
+        }
+    turns = [trajs[ti].turns[k] for ti, k in refs]
+    oracle = [None if k == 0 else float(t.action_text.strip() == (trajs[ti].turns[k - 1].info.get("oracle_action") or "").strip())
+              for (ti, k), t in zip(refs, turns)]
+    valid = [float(bool(t.info.get("action_valid"))) for t in turns]
+    test = range(split, len(refs))
+    print(f"{len(refs)} turns ({split} to train the critic), {sum(1 for i in test if oracle[i] is not None)} labelled test turns")
+    print(f"{'advantage estimate':42s} {'AUC oracle':>10s} {'AUC valid':>10s}")
+    for name, a in estimates.items():
+        a = a.tolist()
+        print(f"{name:42s} {auc([a[i] for i in test], [oracle[i] for i in test]):10.3f} "
+              f"{auc([a[i] for i in test], [valid[i] for i in test]):10.3f}")
+
+
+if __name__ == "__main__":
+    main()
