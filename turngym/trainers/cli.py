@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from turngym.trainers.config import apply_overrides, describe, load_yaml
 
@@ -32,5 +33,6 @@ def main(args: argparse.Namespace) -> int:
         overrides.append(f"output_dir={args.output_dir}")
     cfg = apply_overrides(cfg, overrides)
     summary = run(cfg, progress=not args.quiet)
-    print(json.dumps(summary, indent=2))
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank returns; one prints
+        print(json.dumps(summary, indent=2))
     return 0
