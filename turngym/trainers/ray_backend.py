@@ -20,7 +20,7 @@ import functools
 from typing import Any, Callable, Sequence
 
 from turngym.agents.base import SamplingParams
-from turngym.trainers.workers import EnvCrashed, EnvFactory, describe_env
+from turngym.trainers.workers import BlockingCalls, EnvCrashed, EnvFactory, describe_env
 from turngym.types import Trajectory
 
 PolicyFactory = Callable[[], Any]
@@ -80,7 +80,7 @@ def _remote(cls: type):
     return require_ray().remote(cls)
 
 
-class RayEnv:
+class RayEnv(BlockingCalls):
     """An env in a Ray actor, behind the env-handle protocol of ``turngym.trainers.workers``.
 
     Every answer is awaited at most ``timeout_s``; an actor past it, dead, or whose env raised is
@@ -166,21 +166,6 @@ class RayEnv:
         except exc.RayError as e:  # actor died (RayActorError, ActorDiedError), object lost...
             self.restart()
             raise EnvCrashed(f"env actor died during {cmd!r}: {type(e).__name__}") from e
-
-    def reset(self, **kw: Any) -> tuple:
-        """``env.reset(**kw)`` in the actor. Raises ``EnvCrashed`` as ``recv`` does."""
-        self.send("reset", kw)
-        return self.recv()
-
-    def step(self, action: Any) -> tuple:
-        """``env.step(action)`` in the actor. Raises ``EnvCrashed`` as ``recv`` does."""
-        self.send("step", action)
-        return self.recv()
-
-    def describe(self) -> dict[str, Any]:
-        """The env's tool specs and tool format (``workers.describe_env``)."""
-        self.send("describe")
-        return self.recv()
 
     @property
     def actor(self):

@@ -130,8 +130,8 @@ class _Call:
             self.done.set()
 
 
-class _BlockingCalls:
-    """``reset``/``step``/``describe`` as ``send`` + ``recv``."""
+class BlockingCalls:
+    """``reset``/``step``/``describe`` as ``send`` + ``recv`` (every handle kind shares these)."""
 
     def reset(self, **kw: Any) -> tuple:
         self.send("reset", kw)
@@ -146,7 +146,7 @@ class _BlockingCalls:
         return self.recv()
 
 
-class LocalEnv(_BlockingCalls):
+class LocalEnv(BlockingCalls):
     """The env in this process. Exceptions from it become ``EnvCrashed`` and the env is rebuilt.
 
     Args:
@@ -227,7 +227,7 @@ def _worker_main(conn, make_env: EnvFactory) -> None:
     conn.close()
 
 
-class SubprocessEnv(_BlockingCalls):
+class SubprocessEnv(BlockingCalls):
     """The env in a child process; every call waits at most ``timeout_s``.
 
     Args:
