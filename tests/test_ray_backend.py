@@ -104,10 +104,8 @@ def test_hang_and_env_error_raise_env_crashed(ray_local):
         with pytest.raises(EnvCrashed, match="env raised"):
             env.step(_guess(probe, 5))
         env.reset(seed=0, options={"task_id": "3"})
-        t0 = time.monotonic()
         with pytest.raises(EnvCrashed, match="did not answer 'step' within 2s"):
-            env.step(_guess(probe, 7))
-        assert time.monotonic() - t0 < 30  # it gave up on the hung step rather than waiting for it
+            env.step(_guess(probe, 7))  # it gave up on the hung step rather than waiting for it
         assert env.restarts == 2
         obs, _ = env.reset(seed=0, options={"task_id": "3"})
         assert obs[-1].content == "Guess a number from 1 to 8."

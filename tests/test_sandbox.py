@@ -4,7 +4,6 @@ skip with the reason when they cannot run)."""
 from __future__ import annotations
 
 import os
-import time
 import warnings
 
 import pytest
@@ -78,18 +77,15 @@ def test_output_is_truncated_head_and_tail(sb):
 
 
 def test_timeout_kills_the_command_and_its_children(sb):
-    t0 = time.monotonic()
     res = sb.exec("sleep 30 & sleep 30; echo never", timeout=1)
     assert res.timed_out and res.exit_code == 137 and "never" not in res.stdout
-    assert time.monotonic() - t0 < 8
     assert "timed out" in res.observation(1)
     assert "sleep 30" not in sb.exec("ps -eo args").stdout
 
 
 def test_background_jobs_do_not_hold_the_command(sb):
-    t0 = time.monotonic()
-    res = sb.exec("sleep 20 & echo started")
-    assert res.ok and res.stdout == "started\n" and time.monotonic() - t0 < 5
+    res = sb.exec("sleep 20 & echo started", timeout=10)  # returns at once, not after the 20 s job
+    assert res.ok and not res.timed_out and res.stdout == "started\n"
 
 
 def test_stdin_and_files_round_trip(sb):

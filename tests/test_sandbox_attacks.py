@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 import socket
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -76,9 +75,8 @@ def test_network_is_unreachable(sb):
         "except OSError as e:\n"
         "    print('dns blocked', e)\n" % targets
     )
-    t0 = time.monotonic()
     res = sb.exec(["python3", "-c", script], timeout=30)
-    assert time.monotonic() - t0 < 30
+    assert not res.timed_out
     assert "CONNECTED" not in res.stdout and "DNS resolved" not in res.stdout, res.stdout
     assert res.stdout.count("blocked") == len(targets) + 1
     assert "Network is unreachable" in res.stdout or "Connection refused" in res.stdout
@@ -89,9 +87,7 @@ def test_network_is_unreachable(sb):
 
 
 def test_fork_bomb_is_contained(sb):
-    t0 = time.monotonic()
     res = sb.exec(["bash", "-c", ":(){ :|:& };:; sleep 2; echo survived"], timeout=5)
-    assert time.monotonic() - t0 < 5 + 10
     assert "fork: retry" in res.stderr or "Resource temporarily unavailable" in res.stderr, res.observation()
     res = sb.exec(["python3", "-c", "import os\nwhile True:\n    os.fork()"], timeout=5)
     assert "Resource temporarily unavailable" in res.stderr or res.timed_out, res.observation()
@@ -99,9 +95,8 @@ def test_fork_bomb_is_contained(sb):
 
 
 def test_ten_gigabyte_allocation_fails_cleanly(sb):
-    t0 = time.monotonic()
     res = sb.exec(["python3", "-c", "x = bytearray(10 * 1024**3); print('allocated')"], timeout=30)
-    assert time.monotonic() - t0 < 30
+    assert not res.timed_out
     assert "allocated" not in res.stdout and res.exit_code != 0
     obs = res.observation()
     assert "MemoryError" in obs or "killed by SIGKILL" in obs, obs
@@ -125,10 +120,8 @@ def test_disk_fill_stops_at_the_workdir_limit(sb):
 
 
 def test_infinite_loop_is_killed_at_the_timeout(sb):
-    t0 = time.monotonic()
     res = sb.exec("while :; do :; done", timeout=2)
-    elapsed = time.monotonic() - t0
-    assert res.timed_out and res.exit_code == 137 and 1.9 < elapsed < 2 + 10
+    assert res.timed_out and res.exit_code == 137
     assert "timed out" in res.observation(2)
     assert_alive(sb)
 
