@@ -12,6 +12,7 @@ from turngym.tools.sandbox import SandboxConfig, SandboxError, make_sandbox, res
 from turngym.tools.sandbox._runner import Capture
 from turngym.tools.sandbox.base import ExecResult
 
+
 def skip_reason(backend: str) -> str | None:
     """Why ``backend`` cannot run here (engine, binary, image or rootfs missing), else None."""
     if backend == "docker":
@@ -185,6 +186,36 @@ def test_docker_janitor_removes_orphans_and_pool_never_reuses():
         b.close()
     for cid in (first, b.container_id):  # closing the pool removed the used containers too
         assert not client.api.containers(all=True, filters={"id": cid})
+
+
+@pytest.mark.docker
+def test_a_forked_env_worker_gets_its_own_docker_connection():
+    """Env workers are forked. One that kept its parent's client wrote into the parent's socket:
+    `turngym bench --suite swe --workers 4` lost 18 of 40 resets to garbled replies (400s,
+    BadStatusLine, read timeouts) before this."""
+    reason = skip_reason("docker")
+    if reason:
+        pytest.skip(reason)
+    import multiprocessing
+
+    from turngym.tools.sandbox.docker_backend import _live, docker_client
+
+    parent = docker_client()
+    _live.add("a-container-of-the-parent")
+    ctx = multiprocessing.get_context("fork")
+    answers = ctx.Queue()
+
+    def child():
+        client = docker_client()
+        answers.put((client is not parent, client is docker_client(), client.ping(), sorted(_live)))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    proc.join(60)
+    _live.discard("a-container-of-the-parent")
+    # its own client, kept for later calls, working, and it owns none of the parent's containers
+    assert answers.get(timeout=5) == (True, True, True, [])
+    assert docker_client() is parent
 
 
 def test_debian_mirror_comes_from_apt_sources(tmp_path):

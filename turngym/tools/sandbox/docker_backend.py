@@ -38,13 +38,30 @@ _live_lock = threading.Lock()
 
 
 def docker_client():
-    """A per-thread ``docker.DockerClient`` (the SDK's HTTP session is not shared across threads)."""
+    """A per-thread, per-process ``docker.DockerClient``.
+
+    The SDK's HTTP session is not shared across threads, nor across a fork: a forked env worker
+    that kept its parent's client would write requests into the parent's open socket, and the
+    engine would answer both with garbage (400s, "invalid character" 500s, read timeouts).
+    """
     client = getattr(_local, "client", None)
-    if client is None:
+    if client is None or getattr(_local, "pid", None) != os.getpid():
         import docker
 
         client = _local.client = docker.from_env(timeout=120)
+        _local.pid = os.getpid()
     return client
+
+
+def _forget_parent_containers() -> None:
+    # A forked child owns none of its parent's containers: its atexit hook must not remove them.
+    # (The child has one thread; the lock is made anew in case another thread held it at the fork.)
+    global _live_lock
+    _live_lock = threading.Lock()
+    _live.clear()
+
+
+os.register_at_fork(after_in_child=_forget_parent_containers)
 
 
 def docker_available() -> str | None:
@@ -120,6 +137,9 @@ def remove_container(cid: str, client=None) -> None:
         client.api.remove_container(cid, force=True)
     except docker.errors.NotFound:
         pass
+    except docker.errors.APIError as e:  # another janitor got there first: as good as removed
+        if e.status_code != 409 or "already in progress" not in str(e):
+            raise
     with _live_lock:
         _live.discard(cid)
 
