@@ -78,10 +78,11 @@ def test_output_is_truncated_head_and_tail(sb):
 
 
 def test_timeout_kills_the_command_and_its_children(sb):
-    res = sb.exec("sleep 30 & sleep 30; echo never", timeout=1)
+    # An odd duration, so that no other process matches: ps on the local backend sees the whole host.
+    res = sb.exec("sleep 30.0417 & sleep 30.0417; echo never", timeout=1)
     assert res.timed_out and res.exit_code == 137 and "never" not in res.stdout
     assert "timed out" in res.observation(1)
-    assert "sleep 30" not in sb.exec("ps -eo args").stdout
+    assert "sleep 30.0417" not in sb.exec("ps -eo args").stdout
 
 
 def test_background_jobs_do_not_hold_the_command(sb):
