@@ -45,23 +45,22 @@ def docker_client():
     engine would answer both with garbage (400s, "invalid character" 500s, read timeouts).
     """
     client = getattr(_local, "client", None)
-    if client is None or getattr(_local, "pid", None) != os.getpid():
+    if client is None:
         import docker
 
         client = _local.client = docker.from_env(timeout=120)
-        _local.pid = os.getpid()
     return client
 
 
-def _forget_parent_containers() -> None:
-    # A forked child owns none of its parent's containers: its atexit hook must not remove them.
-    # (The child has one thread; the lock is made anew in case another thread held it at the fork.)
-    global _live_lock
-    _live_lock = threading.Lock()
+def _forget_the_parent() -> None:
+    # A forked child makes its own clients, and owns none of its parent's containers (its atexit
+    # hook must not remove them). It has one thread; the lock is new in case another held it.
+    global _local, _live_lock
+    _local, _live_lock = threading.local(), threading.Lock()
     _live.clear()
 
 
-os.register_at_fork(after_in_child=_forget_parent_containers)
+os.register_at_fork(after_in_child=_forget_the_parent)
 
 
 def docker_available() -> str | None:
