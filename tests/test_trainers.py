@@ -183,3 +183,16 @@ def test_archer_td_advantage_updates_the_actor(policy, tmp_path):
     row = trainer.step()
     assert row["actor/active"] == 1.0 and "adv/std" in row
     assert any(not torch.equal(before[n], p) for n, p in _params(trainer.model).items())
+
+
+def test_archer_groups_replay_each_task_from_the_same_reset(policy, tmp_path):
+    trainer = ArcherTrainer(policy, ENV, _archer_cfg(iterations=1, group_size=2), out_dir=tmp_path)
+    trainer.setup()
+    played, collect = [], trainer.collect
+    trainer.collect = lambda specs, group_size=1: played.append((list(specs), group_size)) or collect(specs, group_size)
+    row = trainer.step()
+    specs, group_size = played[0]
+    assert group_size == 2 and len(specs) == 4 and row["rollout/env_steps"] > 0
+    assert specs[0] == specs[1] and specs[2] == specs[3]  # same task and reset seed within a group
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        _archer_cfg(group_size=3)

@@ -55,6 +55,8 @@ class ArcherConfig(OnlineConfig):
     v_max: float = knob(1.5, "highest value of the categorical support")
     token_baseline: bool = knob(False, "subtract a token-level baseline b(s, a_<t) fitted to Q(s, a)")
     critic_encoder: str = knob("reference", "reference (frozen policy backbone) or a path to another LM")
+    group_size: int = knob(1, "episodes per task per iteration, same reset seed: repeats show the critic "
+                                 "different actions from the same state, the contrast Q(s, a) - V(s) is made of")
     advantage: str = knob("q_minus_v", "q_minus_v: A = min(Q1, Q2)(s, a) - V(s) (the paper); td: A = r + gamma V(s') - V(s)")
 
     def __post_init__(self) -> None:
@@ -67,6 +69,8 @@ class ArcherConfig(OnlineConfig):
             raise ValueError("v_min must be < v_max")
         if self.advantage not in ("q_minus_v", "td"):
             raise ValueError(f"advantage must be q_minus_v or td, got {self.advantage!r}")
+        if self.group_size < 1 or self.episodes_per_iter % self.group_size:
+            raise ValueError(f"episodes_per_iter ({self.episodes_per_iter}) must be a multiple of group_size ({self.group_size})")
 
 
 class ArcherTrainer(OnlineTrainer):
@@ -111,8 +115,8 @@ class ArcherTrainer(OnlineTrainer):
         """One iteration: collect, score, critic updates, actor update. Returns its metrics."""
         cfg = self.cfg
         # 1. collect with the current policy
-        specs = task_schedule(self.task_ids, cfg.episodes_per_iter, cfg.seed, self.iteration)
-        trajs, metrics = self.collect(specs)
+        specs = task_schedule(self.task_ids, cfg.episodes_per_iter, cfg.seed, self.iteration, cfg.group_size)
+        trajs, metrics = self.collect(specs, cfg.group_size)
         _check_tokens(trajs)
         rewards = self.reward_fn(trajs)
         metrics.update(reward_stats(self.reward_fn))  # G-RA gate rates, SPA fit error, shaping...

@@ -112,7 +112,7 @@ class OnlineTrainer:
     def _start_collector(self, n: int, group_size: int) -> None:
         if group_size > 1:
             raise ValueError("async collection streams episodes one at a time and cannot keep groups together; "
-                             "use ArCHer or reinforce/group_size=1, or async_staleness=-1")
+                             "use group_size=1 (ArCHer, reinforce) or async_staleness=-1")
         if self.ctx.enabled:
             raise ValueError("async collection runs in one process; use async_staleness=-1 with torchrun")
         cfg = self.cfg
