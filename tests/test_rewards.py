@@ -154,13 +154,22 @@ def test_shaped_step_reward_valid_call_and_new_observation():
         ShapedStepReward("anything")
 
 
+def test_new_state_pays_each_state_once_and_never_for_a_refused_move():
+    keys = ["B", "B", "A", "C", "B"]  # a refused move (state unchanged), back to the start, new, seen
+    traj = Trajectory("t", initial_observation=[Message("user", "start")], metadata={"initial_state_key": "A"},
+                      turns=[_turn(obs=f"text {i}", info={"state_key": k}) for i, k in enumerate(keys)])
+    assert ShapedStepReward("new_state", 0.5)([traj]) == [[0.5, 0.0, 0.0, 0.5, 0.0]]
+    # every observation text differs, so new_observation would have paid all five
+    assert ShapedStepReward("new_observation", 0.5)([traj]) == [[0.5] * 5]
+
+
 def test_shaped_wrapper_matches_the_transform_on_real_rollouts():
     from turngym.agents.scripted import RandomAgent
     from turngym.envs.wrappers import register_shaped
     from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
 
     env_id = register_shaped("tests/Guess-v0", "tests/Guess-shaped-v0")
-    for shaping in ("valid_call", "new_observation"):
+    for shaping in ("valid_call", "new_observation", "new_state"):
         trajs = rollout(RandomAgent(seed=3), make_env_factory(env_id, scripted_hints=True, shaping=shaping, bonus=0.25),
                         episode_specs(["1", "2", "3", "4"], 8), num_envs=3, progress=False)
         assert all(traj.turns and "error" not in traj.metadata for traj in trajs)

@@ -49,7 +49,7 @@ class ShapedReward(gym.Wrapper):
 
     def reset(self, **kwargs: Any):
         obs, info = self.env.reset(**kwargs)
-        self.shaper.reset(obs)
+        self.shaper.reset(obs, info.get("state_key"))
         return obs, info
 
     def step(self, action: Any):

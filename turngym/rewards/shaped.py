@@ -6,6 +6,10 @@ Two shapings, both easy to farm without solving the task:
   error). Sending ``look`` or bumping into a wall forever earns it.
 - ``new_observation``: ``bonus`` for every turn whose observation text was not seen before in the
   episode (the opening messages count as seen). Any command that prints something new earns it.
+- ``new_state``: ``bonus`` for every turn that reaches an env state (``info["state_key"]``) not
+  visited before in the episode: episodic count-based exploration. Unlike ``new_observation``, an
+  error message or a refused move never earns it (the state does not change), so it pays for
+  finding new rooms rather than for new ways to fail; pacing between two rooms earns nothing.
 
 Where an episode ends on success, both pay more for *not* finishing, so accumulating them
 directly into the return can pull the policy away from the outcome; gating them (G-RA,
@@ -23,7 +27,7 @@ from typing import Iterable, Sequence
 from turngym.rewards.base import PerTurn
 from turngym.types import Message, Trajectory
 
-SHAPINGS = ("valid_call", "new_observation")
+SHAPINGS = ("valid_call", "new_observation", "new_state")
 
 
 def observation_text(messages: Iterable[Message]) -> str:
@@ -35,7 +39,7 @@ class Shaper:
     """The per-step bonus of one episode (stateful: ``new_observation`` remembers what it saw).
 
     Args:
-        shaping: ``valid_call`` or ``new_observation``.
+        shaping: ``valid_call``, ``new_observation`` or ``new_state``.
         bonus: Paid per qualifying turn.
 
     Raises:
@@ -48,25 +52,26 @@ class Shaper:
         self.shaping, self.bonus = shaping, float(bonus)
         self._seen: set[str] = set()
 
-    def reset(self, opening: Iterable[Message]) -> None:
-        self._seen = {observation_text(opening)}
+    def reset(self, opening: Iterable[Message], state_key: str | None = None) -> None:
+        """Start an episode from its opening messages and, for ``new_state``, its reset state."""
+        self._seen = {state_key} if self.shaping == "new_state" else {observation_text(opening)}
 
     def step(self, observation: Iterable[Message], info: dict) -> float:
         """The bonus of one step, given its observation and the env's info."""
         if self.shaping == "valid_call":
             ok = bool(info.get("tool_calls")) and bool(info.get("action_valid", False))
             return self.bonus if ok else 0.0
-        text = observation_text(observation)
-        if text in self._seen:
+        key = info.get("state_key") if self.shaping == "new_state" else observation_text(observation)
+        if key is None or key in self._seen:
             return 0.0
-        self._seen.add(text)
+        self._seen.add(key)
         return self.bonus
 
 
 def shaped_bonuses(traj: Trajectory, shaping: str = "valid_call", bonus: float = 0.1) -> list[float]:
     """The shaping bonus of every turn of a recorded trajectory."""
     shaper = Shaper(shaping, bonus)
-    shaper.reset(traj.initial_observation)
+    shaper.reset(traj.initial_observation, traj.metadata.get("initial_state_key"))
     return [shaper.step(t.observation, t.info) for t in traj.turns]
 
 
@@ -74,7 +79,7 @@ class ShapedStepReward:
     """The gameable step reward as a transform (see the module docstring).
 
     Args:
-        shaping: ``valid_call`` | ``new_observation``.
+        shaping: ``valid_call`` | ``new_observation`` | ``new_state``.
         bonus: Paid per qualifying turn.
     """
 
