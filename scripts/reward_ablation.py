@@ -195,7 +195,7 @@ def parse_args():
     ap.add_argument("--actor-lr", type=float, default=2e-5)
     ap.add_argument("--critic-updates", type=int, default=20)
     ap.add_argument("--critic-warmup", type=int, default=20)
-    ap.add_argument("--shaping", default="valid_call", help="valid_call | new_observation")
+    ap.add_argument("--shaping", default="valid_call", help="valid_call | new_observation | new_state")
     ap.add_argument("--bonus", type=float, default=0.2, help="the gameable step bonus")
     ap.add_argument("--tau", type=float, default=1.0, help="G-RA threshold on the outcome")
     ap.add_argument("--spa-bonus", type=float, default=0.05, help="SPA grounding bonus")

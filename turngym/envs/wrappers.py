@@ -4,7 +4,8 @@ Behaviour shared by many envs is a wrapper, not a flag on every env (STYLE 12):
 
 - ``ShapedReward`` adds the gameable step reward of ``turngym.rewards.shaped`` to the env's reward
   (``valid_call``: a bonus for every accepted action; ``new_observation``: a bonus for every
-  observation not seen before in the episode). ``info["shaped_bonus"]`` holds the bonus and
+  observation not seen before in the episode; ``new_state``: a bonus for every env state not visited
+  before in the episode). ``info["shaped_bonus"]`` holds the bonus and
   ``info["env_reward"]`` the env's own reward.
 - ``ReferenceCalls`` puts the env's oracle move, parsed into calls, in ``info["reference_calls"]``
   of each step, where ``turngym.rewards.ToolUseReward`` reads it.
@@ -36,7 +37,7 @@ class ShapedReward(gym.Wrapper):
 
     Args:
         env: The env to wrap.
-        shaping: ``valid_call`` | ``new_observation``.
+        shaping: ``valid_call`` | ``new_observation`` | ``new_state``.
         bonus: Paid per qualifying step.
 
     Raises:

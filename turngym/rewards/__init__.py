@@ -6,7 +6,7 @@ Registered names for ``make_reward`` (see ``turngym.rewards.base`` for the spec 
     outcome    the episode outcome at the last turn (``scale``)
     format     penalties for unparseable / invalid actions (``unparseable``, ``invalid``, ``valid``)
     tool_use   ToolRL-style score against reference calls (``scale``, ``missing``)
-    shaped     the gameable step reward (``shaping``: valid_call | new_observation, ``bonus``)
+    shaped     step shaping (``shaping``: valid_call | new_observation | new_state, ``bonus``)
     gated      G-RA (``step``, ``high``, ``tau``, ``mode``: gated | direct)
     spa        SPA progress attribution (the fields of ``SPAConfig``)
 """
