@@ -108,3 +108,9 @@ def test_td_advantage_by_hand():
     done = torch.tensor([0.0, 1.0, 0.0])
     # 0 + .9*.8 - .5 = .22;  1 - .8 = .2;  0 + .9*.4 - .2 = .16
     torch.testing.assert_close(Fn.td_advantage(r, v, v_next, done, 0.9), torch.tensor([0.22, 0.2, 0.16]))
+
+
+def test_warmup_lr_ramps_linearly_then_holds():
+    assert [Fn.warmup_lr(1e-4, k, 4) for k in range(6)] == [
+        1e-4 * 0.25, 1e-4 * 0.5, 1e-4 * 0.75, 1e-4, 1e-4, 1e-4]
+    assert Fn.warmup_lr(1e-4, 0, 0) == 1e-4  # no warm-up

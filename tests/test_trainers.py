@@ -196,3 +196,13 @@ def test_archer_groups_replay_each_task_from_the_same_reset(policy, tmp_path):
     assert specs[0] == specs[1] and specs[2] == specs[3]  # same task and reset seed within a group
     with pytest.raises(ValueError, match="multiple of group_size"):
         _archer_cfg(group_size=3)
+
+
+def test_actor_lr_warms_up_from_the_optimizer_step_count(policy, tmp_path):
+    cfg = _archer_cfg(iterations=1, actor_lr=1e-3, actor_warmup_steps=10)  # 4 episodes, minibatches of 2
+    trainer = ArcherTrainer(policy, ENV, cfg, out_dir=tmp_path)
+    trainer.setup()
+    trainer.step()
+    assert trainer.actor_opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 2 / 10)  # the 2nd of 10 steps
+    with pytest.raises(ValueError, match="actor_warmup_steps"):
+        _archer_cfg(actor_warmup_steps=-1)

@@ -138,6 +138,14 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(r) - r - 1.0
 
 
+def warmup_lr(base_lr: float, steps_done: int, warmup_steps: int) -> float:
+    """The learning rate of optimizer step ``steps_done + 1``: ramps linearly from
+    ``base_lr / warmup_steps`` to ``base_lr`` over the first ``warmup_steps`` steps (0 = no ramp)."""
+    if warmup_steps <= 0:
+        return base_lr
+    return base_lr * min(1.0, (steps_done + 1) / warmup_steps)
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Per-position entropy ``-sum_v p_v log p_v`` of ``(..., V)`` logits, shape ``(...)``."""
     logp = F.log_softmax(logits.float(), dim=-1)

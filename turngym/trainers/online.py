@@ -38,6 +38,8 @@ class OnlineConfig:
     gamma: float = knob(0.95, "discount between turns")
     reward: list = knob(["env"], "reward transforms, summed (see turngym.rewards)")
     actor_lr: float = knob(2e-5, "actor learning rate (AdamW)")
+    actor_warmup_steps: int = knob(0, "optimizer steps over which the actor lr ramps linearly up to actor_lr "
+                                      "(Adam's first steps move every weight by about lr, whatever its gradient)")
     clip_coef: float = knob(0.2, "PPO ratio clip; 0 disables clipping")
     kl_coef: float = knob(0.0, "weight of the KL(pi || reference) guard")
     ent_coef: float = knob(0.0, "weight of the entropy bonus")
@@ -64,6 +66,8 @@ class OnlineConfig:
             raise ValueError(f"autocast must be bf16 or none, got {self.autocast!r}")
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.actor_warmup_steps < 0:
+            raise ValueError(f"actor_warmup_steps must be >= 0, got {self.actor_warmup_steps}")
         if self.env_workers not in ("local", "thread", "subprocess", "ray"):
             raise ValueError(f"env_workers must be local, thread, subprocess or ray, got {self.env_workers!r}")
 
@@ -228,6 +232,9 @@ def actor_update(
             stats = _minibatch_backward(model, batch, rows, token_adv, ref_logprobs, cfg) if rows else None
             ctx.all_reduce_grads(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            lr = Fn.warmup_lr(cfg.actor_lr, _optimizer_steps(optimizer, params), cfg.actor_warmup_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             optimizer.step()
             i += cfg.minibatch_size
             if stats is not None:
@@ -237,6 +244,12 @@ def actor_update(
                 steps += 1
     model.eval()
     return {k: v / max(steps, 1) for k, v in sums.items()}
+
+
+def _optimizer_steps(optimizer: torch.optim.Optimizer, params: list) -> int:
+    """Steps the optimizer has taken (its own counter, so a resumed run continues the warm-up)."""
+    step = optimizer.state.get(params[0], {}).get("step", 0) if params else 0
+    return int(step)
 
 
 def _minibatch_backward(model: torch.nn.Module, batch: PackedBatch, rows: list[int], token_adv: torch.Tensor,
