@@ -1,6 +1,7 @@
-"""A deliberately gameable step reward, for experiments on reward hacking.
+"""Per-step shaping bonuses: two deliberately gameable ones (for reward-hacking experiments) and an
+exploration bonus.
 
-Two shapings, both easy to farm without solving the task:
+The first two are easy to farm without solving the task:
 
 - ``valid_call``: ``bonus`` for every turn whose action the env accepted (parsed tool calls, no
   error). Sending ``look`` or bumping into a wall forever earns it.
@@ -11,7 +12,7 @@ Two shapings, both easy to farm without solving the task:
   error message or a refused move never earns it (the state does not change), so it pays for
   finding new rooms rather than for new ways to fail; pacing between two rooms earns nothing.
 
-Where an episode ends on success, both pay more for *not* finishing, so accumulating them
+Where an episode ends on success, all three pay more for *not* finishing, so accumulating them
 directly into the return can pull the policy away from the outcome; gating them (G-RA,
 ``turngym.rewards.gated``) is the fix under test.
 
@@ -36,7 +37,7 @@ def observation_text(messages: Iterable[Message]) -> str:
 
 
 class Shaper:
-    """The per-step bonus of one episode (stateful: ``new_observation`` remembers what it saw).
+    """The per-step bonus of one episode (stateful: ``new_observation`` and ``new_state`` remember what they saw).
 
     Args:
         shaping: ``valid_call``, ``new_observation`` or ``new_state``.

@@ -55,7 +55,7 @@ class ArcherConfig(OnlineConfig):
     v_max: float = knob(1.5, "highest value of the categorical support")
     token_baseline: bool = knob(False, "subtract a token-level baseline b(s, a_<t) fitted to Q(s, a)")
     critic_encoder: str = knob("reference", "reference (frozen policy backbone) or a path to another LM")
-    group_size: int = knob(1, "episodes per task per iteration, same reset seed: repeats show the critic "
+    group_size: int = knob(1, "episodes per task per iteration, from one reset seed: repeats show the critic "
                                  "different actions from the same state, the contrast Q(s, a) - V(s) is made of")
     advantage: str = knob("q_minus_v", "q_minus_v: A = min(Q1, Q2)(s, a) - V(s) (the paper); td: A = r + gamma V(s') - V(s)")
 
@@ -69,8 +69,6 @@ class ArcherConfig(OnlineConfig):
             raise ValueError("v_min must be < v_max")
         if self.advantage not in ("q_minus_v", "td"):
             raise ValueError(f"advantage must be q_minus_v or td, got {self.advantage!r}")
-        if self.group_size < 1 or self.episodes_per_iter % self.group_size:
-            raise ValueError(f"episodes_per_iter ({self.episodes_per_iter}) must be a multiple of group_size ({self.group_size})")
 
 
 class ArcherTrainer(OnlineTrainer):

@@ -30,6 +30,7 @@ class OnlineConfig:
 
     iterations: int = knob(8, "collect -> update rounds")
     episodes_per_iter: int = knob(16, "episodes collected per iteration")
+    group_size: int = knob(1, "episodes per task per iteration, played in a row from one reset seed")
     num_envs: int = knob(16, "episodes in flight during collection (the generation batch)")
     max_turns: int | None = knob(None, "override the env's turn limit")
     temperature: float = knob(1.0, "sampling temperature while collecting")
@@ -60,6 +61,8 @@ class OnlineConfig:
     def __post_init__(self) -> None:
         if self.iterations < 0 or self.episodes_per_iter < 1:
             raise ValueError("iterations must be >= 0 and episodes_per_iter >= 1")
+        if self.group_size < 1 or self.episodes_per_iter % self.group_size:
+            raise ValueError(f"episodes_per_iter ({self.episodes_per_iter}) must be a multiple of group_size ({self.group_size})")
         if not (self.trainable in ("all", "lora") or self.trainable.startswith("top:")):
             raise ValueError(f"trainable must be all, lora or top:K, got {self.trainable!r}")
         if self.autocast not in ("bf16", "none"):

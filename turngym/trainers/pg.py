@@ -49,8 +49,6 @@ class PGConfig(OnlineConfig):
             raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
         if self.algo in ("rloo", "grpo", "gigpo") and self.group_size < 2:
             raise ValueError(f"{self.algo} needs group_size >= 2")
-        if self.episodes_per_iter % self.group_size:
-            raise ValueError("episodes_per_iter must be a multiple of group_size")
 
 
 def turn_advantages(trajs: list[Trajectory], rewards: list[list[float]], cfg: PGConfig) -> list[list[float]]:
