@@ -42,8 +42,31 @@ def auc(scores: list[float], labels: list[float]) -> float:
     return sum((p > q) + 0.5 * (p == q) for p in pos for q in neg) / (len(pos) * len(neg))
 
 
+def add_policy_args(ap: argparse.ArgumentParser, split: str) -> None:
+    """The env and policy arguments the probes share."""
+    ap.add_argument("--env", default="turngym/TextWorld-easy-v0")
+    ap.add_argument("--env-kwargs", type=json.loads, default={"tool_format": "xml"})
+    ap.add_argument("--split", default=split, help="'' for envs without splits")
+    ap.add_argument("--agent", default="default")
+    ap.add_argument("--weights", default=None, help="a state dict to load into the policy (e.g. sft_model.pt)")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+
+
+def load_policy(args):
+    """The policy named by ``--agent``, with ``--weights`` loaded if given."""
+    policy = make_agent(args.agent)
+    if args.weights:
+        policy.model.load_state_dict(torch.load(args.weights, map_location="cpu"))
+    return policy
+
+
+def oracle_env_kwargs(args) -> dict:
+    """The env's kwargs with the oracle's next action in ``info`` (the policy's view is unchanged)."""
+    return {**args.env_kwargs, **({"split": args.split} if args.split else {}), "scripted_hints": True}
+
+
 def play(policy, args) -> list:
-    kwargs = {**args.env_kwargs, **({"split": args.split} if args.split else {}), "scripted_hints": True}
+    kwargs = oracle_env_kwargs(args)
     tasks = split_task_ids(args.env, kwargs)
     trajs = []
     for it in range(args.iterations):
@@ -91,15 +114,10 @@ def train_critic(s, sa, r, done, nxt, n_train: int, args) -> UtteranceCritic:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--env", default="turngym/TextWorld-easy-v0")
-    ap.add_argument("--env-kwargs", type=json.loads, default={"tool_format": "xml"})
-    ap.add_argument("--split", default="train", help="'' for envs without splits")
-    ap.add_argument("--agent", default="default")
-    ap.add_argument("--weights", default=None, help="a state dict to load into the policy (e.g. sft_model.pt)")
+    add_policy_args(ap, split="train")
     ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--episodes-per-iter", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--gamma", type=float, default=0.95)
     ap.add_argument("--tau", type=float, default=0.05)
     ap.add_argument("--critic-hidden", type=int, default=256)
@@ -109,9 +127,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    policy = make_agent(args.agent)
-    if args.weights:
-        policy.model.load_state_dict(torch.load(args.weights, map_location="cpu"))
+    policy = load_policy(args)
     trajs = play(policy, args)
     s, sa, r, done, nxt, refs = features(policy, trajs, args.episodes_per_iter)
     split = next(i for i, (ti, _) in enumerate(refs) if ti >= len(trajs) * 2 // 3)

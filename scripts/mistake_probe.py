@@ -16,12 +16,9 @@ median 0.17 for the walkthrough's move against 0.66 for the move taken.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
-import torch
-
-from turngym.agents import make_agent
+from critic_probe import add_policy_args, load_policy, oracle_env_kwargs  # scripts/ is on sys.path when run
 from turngym.agents.base import SamplingParams
 from turngym.trainers.online import split_task_ids
 from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
@@ -45,20 +42,13 @@ def first_mistakes(policy, trajs) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--env", default="turngym/TextWorld-easy-v0")
-    ap.add_argument("--env-kwargs", type=json.loads, default={"tool_format": "xml"})
-    ap.add_argument("--split", default="test", help="'' for envs without splits")
-    ap.add_argument("--agent", default="default")
-    ap.add_argument("--weights", default=None, help="a state dict to load into the policy (e.g. sft_model.pt)")
+    add_policy_args(ap, split="test")
     ap.add_argument("--episodes", type=int, default=32)
-    ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=10_000)
     args = ap.parse_args()
 
-    policy = make_agent(args.agent)
-    if args.weights:
-        policy.model.load_state_dict(torch.load(args.weights, map_location="cpu"))
-    kwargs = {**args.env_kwargs, "scripted_hints": True, **({"split": args.split} if args.split else {})}
+    policy = load_policy(args)
+    kwargs = oracle_env_kwargs(args)
     tasks = split_task_ids(args.env, kwargs)
     trajs = rollout(policy, make_env_factory(args.env, **kwargs), episode_specs(tasks, args.episodes, seed=args.seed),
                     sampling=SamplingParams(0.0, 1.0, args.max_new_tokens, seed=0), num_envs=16)
