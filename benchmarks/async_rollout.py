@@ -40,8 +40,8 @@ from parallel_envs import SleepEnv  # noqa: F401  (registers bench/Sleep-v0)
 
 from turngym.agents import make_agent
 from turngym.agents.base import SamplingParams
-from turngym.trainers.async_rollout import async_rollout
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout.async_rollout import async_rollout
 
 
 class Timed:

@@ -33,8 +33,8 @@ import time
 import turngym
 from turngym.agents import OracleAgent
 from turngym.envs import StepOutcome, TextEnv
+from turngym.rollout import episode_specs, make_env_factory, rollout
 from turngym.tools import Tool
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
 from turngym.types import Message, ToolCall
 
 

@@ -27,7 +27,7 @@ import torch
 from turngym.agents.base import SamplingParams
 from turngym.agents.default_model import load_default_model
 from turngym.agents.hf import HFPolicy
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 
 
 class Timed:

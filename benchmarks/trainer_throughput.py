@@ -117,7 +117,8 @@ def time_trl(trainer, inputs) -> float:
 
 
 def time_ours(model, opt, batch) -> float:
-    from turngym.trainers.online import OnlineConfig, actor_update
+    from turngym.trainers.actor import actor_update
+    from turngym.trainers.trainer import OnlineConfig
 
     # fp32 like TRL's run (bf16=False): the ratio compares the update code, not the precision
     cfg = OnlineConfig(minibatch_size=batch.input_ids.shape[0], clip_coef=0.2, kl_coef=0.0, autocast="none")

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from dataclasses import asdict
-
+from turngym.train import EvalConfig, TrainConfig, evaluate_policy, load_policy
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
 from turngym.trainers.logger import MetricsLogger
 from turngym.trainers.pg import PGConfig, PGTrainer
-from turngym.trainers.pipeline import EvalConfig, TrainConfig, evaluate_policy, load_policy
 from turngym.trainers.sft import SFTConfig, sft
 
 QUICKSTART = TrainConfig()  # same knobs as `turngym train`; only the stopping rule differs

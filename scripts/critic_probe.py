@@ -25,12 +25,12 @@ import torch
 
 from turngym.agents import make_agent
 from turngym.agents.base import SamplingParams
+from turngym.rollout import make_env_factory, rollout
 from turngym.trainers import functional as Fn
-from turngym.trainers.archer import _transitions
-from turngym.trainers.critic import ReplayBuffer, UtteranceCritic, make_target, soft_update
-from turngym.trainers.online import reference_pass, split_task_ids, task_schedule
-from turngym.trainers.rollout import make_env_factory, rollout
+from turngym.trainers.actor import reference_pass
+from turngym.trainers.archer import ReplayBuffer, UtteranceCritic, make_target, soft_update, td_loss, transitions
 from turngym.trainers.sequences import pack_batch
+from turngym.trainers.trainer import split_task_ids, task_schedule
 
 
 def auc(scores: list[float], labels: list[float]) -> float:
@@ -85,7 +85,7 @@ def features(policy, trajs, chunk: int):
         _, h = reference_pass(policy.model, batch, True, "bf16")
         s, sa = h[batch.state_pos[:, 0], batch.state_pos[:, 1]], h[batch.action_pos[:, 0], batch.action_pos[:, 1]]
         rewards = [[turn.reward for turn in t.turns] for t in trajs[i : i + chunk]]
-        r, done, nxt = _transitions(batch, rewards, s)
+        r, done, nxt = transitions(batch, rewards, s)
         parts.append((s, sa, r, done, nxt, [(ti + i, k) for ti, k in batch.turn_refs]))
     return [torch.cat([p[j] for p in parts]) for j in range(5)] + [[ref for p in parts for ref in p[5]]]
 
@@ -99,12 +99,7 @@ def train_critic(s, sa, r, done, nxt, n_train: int, args) -> UtteranceCritic:
     for lo, hi in zip(bounds, bounds[1:]):  # data arrives in chunks, as in training iterations
         buf.add(s[lo:hi], sa[lo:hi], r[lo:hi], done[lo:hi], nxt[lo:hi])
         for _ in range(args.critic_updates):
-            b = buf.sample(64)
-            with torch.no_grad():
-                y = Fn.td_target(b["reward"], target.value(b["next_s"]), b["done"], args.gamma)
-                y_v = Fn.double_q_min(*target.q_values(b["s"], b["sa"]))
-            q1, q2 = critic.q_raw(b["s"], b["sa"])
-            loss = critic.value_loss(q1, y) + critic.value_loss(q2, y) + critic.value_loss(critic.v(b["s"]), y_v)
+            loss, _ = td_loss(critic, target, buf.sample(64), args.gamma)  # the trainer's own TD loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

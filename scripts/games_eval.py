@@ -10,7 +10,7 @@ import argparse
 
 import turngym
 from turngym.agents.scripted import OracleAgent, RandomAgent
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 
 GAMES = ["turngym/Maze-v0", "turngym/Maze-partial-v0", "turngym/TextNav-v0", "turngym/Wordle-v0",
          "turngym/TwentyQuestions-v0", "turngym/GuessMyCity-v0"]

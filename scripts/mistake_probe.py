@@ -18,10 +18,15 @@ from __future__ import annotations
 import argparse
 import math
 
-from critic_probe import add_policy_args, load_policy, oracle_env_kwargs  # scripts/ is on sys.path when run
+from critic_probe import (  # scripts/ is on sys.path when run
+    add_policy_args,
+    load_policy,
+    oracle_env_kwargs,
+)
+
 from turngym.agents.base import SamplingParams
-from turngym.trainers.online import split_task_ids
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
+from turngym.trainers.trainer import split_task_ids
 
 
 def first_mistakes(policy, trajs) -> list[dict]:

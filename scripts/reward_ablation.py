@@ -66,7 +66,7 @@ def load_start_policy(args, out: Path):
         torch.manual_seed(args.seed)
         policy = HFPolicy(LlamaForCausalLM(cfg).float().eval(), tok)
     else:
-        from turngym.trainers.pipeline import load_policy
+        from turngym.train import load_policy
 
         policy = load_policy(args.model)
     if args.sft_episodes:
@@ -118,7 +118,7 @@ def run_arm(arm: str, args, out: Path) -> dict:
     result = {"arm": arm, "reward": arm_reward(arm, args), "iterations": trainer.iteration,
               "env_steps": trainer.env_steps, "wall_s": time.perf_counter() - t0, "rows": rows}
     if args.eval_episodes:
-        from turngym.trainers.pipeline import EvalConfig, TrainConfig, evaluate_policy
+        from turngym.train import EvalConfig, TrainConfig, evaluate_policy
 
         ecfg = TrainConfig(env_id=args.env, model=args.model, env_kwargs=args.env_kwargs, output_dir=str(out / arm),
                            seed=args.seed, eval=EvalConfig(episodes=args.eval_episodes, num_envs=args.eval_episodes,

@@ -10,7 +10,7 @@ import argparse
 
 import turngym
 from turngym.agents.scripted import OracleAgent, RandomAgent
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 
 
 def evaluate(env_id: str, agent, **kw) -> tuple[float, float, int, float]:

@@ -14,7 +14,7 @@ from collections import defaultdict
 import turngym
 from turngym.agents.scripted import OracleAgent, RandomAgent
 from turngym.data import dataset_path
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 
 
 def evaluate(env_id: str, agent, **kw) -> tuple[float, dict[str, float], int]:

@@ -10,7 +10,7 @@ import turngym
 from turngym.agents.scripted import OracleAgent, RandomAgent
 from turngym.envs.alfworld.games import TASK_TYPES, list_games, task_type_of
 from turngym.envs.alfworld.report import format_table, success_by_type
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 from turngym.types import Trajectory
 
 pytestmark = pytest.mark.data

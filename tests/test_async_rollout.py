@@ -15,8 +15,8 @@ from test_rollout import BisectAgent, canon
 from turngym.agents import OracleAgent
 from turngym.agents.base import SamplingParams
 from turngym.agents.hf import HFPolicy
-from turngym.trainers.async_rollout import AsyncCollector, async_rollout
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout.async_rollout import AsyncCollector, async_rollout
 from turngym.types import Utterance
 
 # Task 1's tool is slow, so in async mode other episodes finish out of spec order.
@@ -40,8 +40,6 @@ def test_async_returns_every_spec_once_in_order_with_sync_results(workers, agent
     ref = [canon(t) for t in rollout(agent(), UNEVEN, specs, num_envs=3, progress=False)]
     got = async_rollout(agent(), UNEVEN, specs, num_envs=3, workers=workers, progress=False)
     assert [canon(t) for t in got] == ref
-    via_mode = rollout(agent(), UNEVEN, specs, num_envs=3, workers=workers, mode="async", progress=False)
-    assert [canon(t) for t in via_mode] == ref
     piped = async_rollout(agent(), UNEVEN, specs, num_envs=3, workers=workers, max_batch=1, progress=False)
     assert [canon(t) for t in piped] == ref
     assert async_rollout(agent(), UNEVEN, [], progress=False) == []

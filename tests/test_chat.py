@@ -16,9 +16,9 @@ import pytest
 import toy_envs
 
 from turngym.agents.base import Conversation
-from turngym.agents.chat import STATE_KEY, ChatRenderer, pack_turns
-from turngym.agents.default_model import chatml_tools_template
+from turngym.agents.chat import STATE_KEY, ChatRenderer, chatml_tools_template
 from turngym.tools.formats import get_format
+from turngym.trainers.sequences import pack_turns
 from turngym.types import Message, ToolCall, Turn
 
 

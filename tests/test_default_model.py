@@ -10,6 +10,7 @@ import pytest
 
 from turngym.agents import default_model as dm
 from turngym.agents.base import Conversation, SamplingParams
+from turngym.agents.chat import chatml_tools_template
 from turngym.types import Message
 
 
@@ -47,7 +48,7 @@ def test_cached_reload_is_fast_and_marked(default_policy):
     assert (folder / "model.safetensors").exists()
     t0 = time.perf_counter()
     model, tok = dm.load_default_model()
-    assert model.config.model_type == "llama" and tok.chat_template == dm.chatml_tools_template()
+    assert model.config.model_type == "llama" and tok.chat_template == chatml_tools_template()
     print(f"cached load: {time.perf_counter() - t0:.2f} s")  # reported, not asserted (machine-dependent)
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from turngym.rollout import EpisodeSpec
 from turngym.trainers.distributed import DistContext, _buckets
-from turngym.trainers.rollout import EpisodeSpec
 from turngym.types import Trajectory
 
 WORLD = 2

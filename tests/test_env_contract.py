@@ -11,7 +11,7 @@ from gymnasium.utils.env_checker import check_env
 import turngym
 import turngym.envs.base
 from turngym.agents import OracleAgent
-from turngym.trainers.rollout import episode_specs, rollout
+from turngym.rollout import episode_specs, rollout
 
 # Small task sets keep this fast; every family still runs its real code. Keys are id prefixes,
 # so variants (e.g. the *-shaped-v0 wrappers) get the same sizes.

@@ -14,7 +14,7 @@ from turngym.envs.games.maze import DIRS, SIZES, carve_maze, make_task, open_dir
 from turngym.envs.games.textnav import apply, build_house, solve
 from turngym.envs.games.twenty_questions import TwentyQuestionsEnv
 from turngym.envs.games.wordle import WordleEnv, feedback
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 
 GAMES = ["turngym/Maze-v0", "turngym/Maze-partial-v0", "turngym/TextNav-v0", "turngym/Wordle-v0",
          "turngym/TwentyQuestions-v0", "turngym/GuessMyCity-v0"]

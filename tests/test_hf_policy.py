@@ -9,11 +9,12 @@ import torch
 import toy_envs
 
 from turngym.agents.base import Conversation, SamplingParams
-from turngym.agents.chat import STATE_KEY, pack_turns
+from turngym.agents.chat import STATE_KEY
 from turngym.agents.hf import KV_KEY, HFPolicy
 from turngym.agents.kvcache import supports_reuse
+from turngym.rollout import episode_specs, make_env_factory, rollout
 from turngym.tools.formats import TextFormat, register_format
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.trainers.sequences import pack_turns
 from turngym.types import Message
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 from fixtures_model import build_tiny_model
+
+from turngym.train import EvalConfig, TrainConfig, run
 from turngym.trainers.archer import ArcherConfig
-from turngym.trainers.pipeline import EvalConfig, TrainConfig, run
 from turngym.trainers.sft import SFTConfig
 
 

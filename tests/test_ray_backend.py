@@ -17,9 +17,10 @@ ray = pytest.importorskip("ray", reason='Ray is not installed (pip install "turn
 
 from turngym.agents import make_agent  # noqa: E402
 from turngym.agents.base import SamplingParams  # noqa: E402
-from turngym.trainers.ray_backend import RayEnv, RayRolloutPool, ray_rollout, shard_contiguous  # noqa: E402
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout  # noqa: E402
-from turngym.trainers.workers import EnvCrashed, describe_env  # noqa: E402
+from turngym.rollout import episode_specs, make_env_factory, rollout  # noqa: E402
+from turngym.rollout.handles import EnvCrashed, describe_env  # noqa: E402
+from turngym.rollout.ray_env import RayEnv  # noqa: E402
+from turngym.rollout.ray_pool import RayRolloutPool, ray_rollout, shard_contiguous  # noqa: E402
 from turngym.types import ToolCall  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -130,6 +131,7 @@ def test_ray_rollout_oracle_matches_local_rollout(ray_local):
 def _tiny_policy(seed: int):
     """A picklable policy factory for the workers: the unit-test tiny Llama in an HFPolicy."""
     from fixtures_model import build_tiny_model
+
     from turngym.agents.default_model import load_default_tokenizer
     from turngym.agents.hf import HFPolicy
 

@@ -166,7 +166,7 @@ def test_new_state_pays_each_state_once_and_never_for_a_refused_move():
 def test_shaped_wrapper_matches_the_transform_on_real_rollouts():
     from turngym.agents.scripted import RandomAgent
     from turngym.envs.wrappers import register_shaped
-    from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+    from turngym.rollout import episode_specs, make_env_factory, rollout
 
     env_id = register_shaped("tests/Guess-v0", "tests/Guess-shaped-v0")
     for shaping in ("valid_call", "new_observation", "new_state"):
@@ -199,7 +199,7 @@ def test_shaped_variants_are_registered_for_textworld_and_sql():
 def test_reference_calls_wrapper_feeds_the_tool_use_reward():
     from turngym.agents.scripted import OracleAgent
     from turngym.envs.wrappers import ReferenceCalls
-    from turngym.trainers.rollout import episode_specs, rollout
+    from turngym.rollout import episode_specs, rollout
 
     def make():
         return ReferenceCalls(turngym.make("tests/Guess-v0", scripted_hints=True))
@@ -214,8 +214,8 @@ def test_reference_calls_wrapper_feeds_the_tool_use_reward():
 def test_reward_configs_load_and_build(name):
     from pathlib import Path
 
-    from turngym.trainers.config import load_yaml
-    from turngym.trainers.pipeline import TrainConfig
+    from turngym.config import load_yaml
+    from turngym.train import TrainConfig
 
     path = Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml"
     cfg = load_yaml(TrainConfig, path)

@@ -3,11 +3,11 @@ through the config, the trainers train on them, and the transforms log what they
 
 import pytest
 import torch
-
 from fixtures_model import build_tiny_model
+
+from turngym.config import from_dict
 from turngym.rewards import reward_stats
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
-from turngym.trainers.config import from_dict
 from turngym.trainers.pg import PGConfig, PGTrainer
 
 ENV = "tests/Guess-v0"

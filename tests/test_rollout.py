@@ -10,8 +10,8 @@ from toy_envs import GuessEnv
 
 import turngym
 from turngym.agents import OracleAgent, RandomAgent
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
-from turngym.trainers.workers import EnvCrashed, LocalEnv, SubprocessEnv, make_handle
+from turngym.rollout import async_rollout, episode_specs, make_env_factory, rollout
+from turngym.rollout.handles import EnvCrashed, LocalEnv, SubprocessEnv, make_handle
 from turngym.types import Utterance
 
 GUESS = make_env_factory("tests/Guess-v0", scripted_hints=True)
@@ -186,8 +186,6 @@ def test_unknown_handle_kinds_are_clear_errors():
         rollout(OracleAgent(), GUESS, episode_specs(["1"], 1), workers="cluster", progress=False)
     with pytest.raises(ValueError, match="unknown env handle kind"):
         make_handle("cluster", GUESS)
-    with pytest.raises(ValueError, match="mode"):
-        rollout(OracleAgent(), GUESS, episode_specs(["1"], 1), mode="eager", progress=False)
 
 
 @pytest.mark.parametrize("agent", [lambda: RandomAgent(seed=4), BisectAgent])
@@ -208,16 +206,16 @@ def test_steps_run_one_at_a_time_inline_and_all_at_once_on_threads(kind, overlap
     SleepGuessEnv.running = SleepGuessEnv.peak = 0
     factory = make_env_factory("tests/SleepGuess-v0", sleep_s=0.3, scripted_hints=True)
     trajs = rollout(OracleAgent(), factory, episode_specs(["1", "2", "3", "4"], 4), num_envs=4, workers=kind,
-                    progress=False)
+                 progress=False)
     assert all(t.success for t in trajs)
     assert SleepGuessEnv.peak == overlap  # tool calls in progress at the same moment
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_worker_killed_mid_episode_truncates_exactly_that_episode(mode):
+@pytest.mark.parametrize("play", [rollout, async_rollout], ids=["sync", "async"])
+def test_worker_killed_mid_episode_truncates_exactly_that_episode(play):
     factory = make_env_factory("tests/SleepGuess-v0", sleep_s=0.01, kill_task="3", scripted_hints=True)
     specs = episode_specs(["1", "2", "3", "4"], 8)
-    trajs = rollout(OracleAgent(), factory, specs, num_envs=3, workers=True, mode=mode, progress=False)
+    trajs = play(OracleAgent(), factory, specs, num_envs=3, workers=True, progress=False)
     assert [t.task_id for t in trajs] == [s.task_id for s in specs]
     for t in trajs:
         if t.task_id == "3":
@@ -228,13 +226,13 @@ def test_worker_killed_mid_episode_truncates_exactly_that_episode(mode):
             assert t.success and t.terminated and "error" not in t.metadata
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("play", [rollout, async_rollout], ids=["sync", "async"])
 @pytest.mark.parametrize("kind", ["thread", "subprocess"])
-def test_hung_step_past_the_timeout_truncates_and_the_run_goes_on(mode, kind):
+def test_hung_step_past_the_timeout_truncates_and_the_run_goes_on(play, kind):
     factory = make_env_factory("tests/SleepGuess-v0", hang_task="2", scripted_hints=True)
     specs = episode_specs(["1", "2", "3"], 3)
-    trajs = rollout(OracleAgent(), factory, specs, num_envs=3, workers=kind, step_timeout_s=0.5, mode=mode,
-                    progress=False)
+    trajs = play(OracleAgent(), factory, specs, num_envs=3, workers=kind, step_timeout_s=0.5,
+                 progress=False)
     assert [t.success for t in trajs] == [True, False, True]
     assert trajs[1].truncated and "within 0.5s" in trajs[1].metadata["error"]
 

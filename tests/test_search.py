@@ -16,7 +16,7 @@ from turngym.agents.scripted import OracleAgent, RandomAgent
 from turngym.envs.search.backends import BM25Backend, HTTPBackend, SearchError
 from turngym.envs.search.corpus import synthetic_suite
 from turngym.envs.search.qa import exact_match, f1_score, normalize_answer
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 
 needs_bm25 = pytest.mark.skipif(importlib.util.find_spec("bm25s") is None, reason="bm25s not installed (pip install 'turngym[search]')")
 

@@ -13,7 +13,7 @@ from turngym.agents.scripted import OracleAgent, RandomAgent
 from turngym.envs.sql.accuracy import has_top_level_order_by, results_match, row_f1
 from turngym.envs.sql.sandbox import ReadOnlyDB, SQLError
 from turngym.envs.sql.synthetic import build_suite
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 
 
 @pytest.fixture(autouse=True)

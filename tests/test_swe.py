@@ -13,7 +13,7 @@ from turngym.agents.scripted import OracleAgent, RandomAgent
 from turngym.envs.swe.synthetic import synthetic_task, synthetic_task_ids
 from turngym.envs.swe.task import apply_edit, make_edits
 from turngym.envs.swe.templates import BUG_KINDS, TEMPLATES
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 from turngym.types import ToolCall
 
 pytestmark = pytest.mark.filterwarnings("ignore::turngym.tools.sandbox.local_backend.UnsafeSandboxWarning")

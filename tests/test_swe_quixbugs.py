@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
-import turngym
 from test_sandbox import skip_reason
 from test_swe import apply_all, call
+
+import turngym
 from turngym.agents.scripted import OracleAgent, RandomAgent
 from turngym.envs.swe.quixbugs import quixbugs_task, quixbugs_task_ids
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 
 pytestmark = [pytest.mark.data,
               pytest.mark.filterwarnings("ignore::turngym.tools.sandbox.local_backend.UnsafeSandboxWarning")]

@@ -23,7 +23,7 @@ import turngym.envs.base
 from turngym.agents.scripted import OracleAgent, RandomAgent
 from turngym.envs.textworld.env import check_command, clean_feedback, normalize_command
 from turngym.envs.textworld.games import SUITES, content_hash, ensure_games, split_dir
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 from turngym.types import Message
 
 pytest.importorskip("textworld")

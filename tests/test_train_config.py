@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 
+from turngym.config import apply_overrides, from_dict, load_yaml
+from turngym.train import TrainConfig
 from turngym.trainers.archer import ArcherConfig
-from turngym.trainers.config import apply_overrides, from_dict, load_yaml
 from turngym.trainers.pg import PGConfig
-from turngym.trainers.pipeline import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -45,8 +45,8 @@ def test_cross_field_checks_fail_fast():
 
 
 def test_number_fields_accept_yaml_spellings():
-    from turngym.trainers.config import apply_overrides
-    from turngym.trainers.pipeline import TrainConfig
+    from turngym.config import apply_overrides
+    from turngym.train import TrainConfig
 
     cfg = apply_overrides(TrainConfig(), ["pg.actor_lr=1e-4", "archer.gamma=1", "archer.max_turns=12",
                                           "archer.iterations=3.0"])

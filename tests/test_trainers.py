@@ -5,12 +5,12 @@ import shutil
 
 import pytest
 import torch
-
 from fixtures_model import build_tiny_model
+
 from turngym.agents.base import SamplingParams
+from turngym.rollout import episode_specs, make_env_factory, rollout
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
 from turngym.trainers.pg import PGConfig, PGTrainer, turn_advantages
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
 from turngym.trainers.sequences import pack_batch, score
 from turngym.trainers.sft import SFTConfig, sft
 from turngym.types import Trajectory, Turn
@@ -103,7 +103,7 @@ def test_resume_reproduces_the_next_batch_after_a_kill_mid_iteration(policy, tin
 
 
 def _next_batch(trainer):
-    from turngym.trainers.online import collect, task_schedule
+    from turngym.trainers.trainer import collect, task_schedule
 
     specs = task_schedule(trainer.task_ids, trainer.cfg.episodes_per_iter, trainer.cfg.seed, trainer.iteration)
     return collect(trainer.policy, trainer.env_id, trainer.env_kwargs, specs, trainer.cfg, trainer.iteration)[0]

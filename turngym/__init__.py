@@ -14,6 +14,7 @@ import os
 # setdefault leaves a user's own choice alone.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import turngym.agents  # noqa: E402,F401  (installs the agent-spec resolver that LLM-counterpart envs use)
 from turngym.envs import TextEnv, list_envs, make, register  # noqa: E402
 from turngym.types import Message, ToolCall, ToolResult, ToolSpec, Trajectory, Turn, Utterance  # noqa: E402
 

@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval)
 
     for name, module, help_ in (
-        ("train", "turngym.trainers.cli", "train a policy (SFT warm start, ArCHer, GRPO, ...)"),
+        ("train", "turngym.train", "train a policy (SFT warm start, ArCHer, GRPO, ...)"),
         ("bench", "turngym.bench.cli", "run a benchmark suite"),
         ("data", "turngym.data.cli", "download or locate external task data"),
     ):

@@ -3,6 +3,9 @@
 from turngym.agents.base import Conversation, Policy, SamplingParams
 from turngym.agents.registry import available_agents, make_agent, register_agent
 from turngym.agents.scripted import OracleAgent, RandomAgent
+from turngym.envs.counterpart import set_agent_resolver
+
+set_agent_resolver(make_agent)  # envs with an LLM counterpart build it from a spec
 
 __all__ = [
     "Conversation", "Policy", "SamplingParams", "OracleAgent", "RandomAgent",

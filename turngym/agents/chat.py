@@ -25,7 +25,7 @@ tokenization of the finished conversation, differences can only come from:
 
 In all three the recorded ids are the truth: they are what the model was conditioned on when it
 sampled. ``tests/test_chat.py`` shows each case. A template that drops the latest assistant message
-entirely falls back to a full re-render, which starts a new token segment (see ``pack_turns``).
+entirely falls back to a full re-render, which starts a new token segment (see ``turngym.trainers.sequences.pack_turns``).
 
 Tools are shown in the env's tool format: ``hermes`` through the template's own ``tools=`` when it
 can render them, otherwise (and always for ``xml``/``text``/``openai``) as the format's
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 from turngym.agents.base import Conversation
@@ -249,47 +250,6 @@ class ChatRenderer:
         return get_format(conv.tool_format).parse(text, ToolRegistry.from_specs(list(conv.tools))).calls
 
 
-@dataclass
-class TokenSegment:
-    """A run of turns whose prompts extend each other: one training sequence.
-
-    Attributes:
-        ids: All tokens, ``(T,)``.
-        loss_mask: ``(T,)``; 1 on sampled tokens.
-        logprobs: ``(T,)``; the recorded log-prob on sampled tokens, 0.0 elsewhere.
-        turn_spans: ``(turn_index, start, end)`` of each action inside ``ids``.
-    """
-
-    ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    turn_spans: list[tuple[int, int, int]] = field(default_factory=list)
-
-
-def pack_turns(turns: Sequence[Any]) -> list[TokenSegment]:
-    """Rebuild training sequences from recorded turns (``Turn`` or ``Utterance``-like objects with
-    ``prompt_ids``, ``action_ids`` and ``action_logprobs``/``logprobs``).
-
-    Each turn whose prompt extends the previous sequence joins it; any other starts a new segment
-    (a template fallback, or a policy without incremental prompts). Turns without tokens (scripted
-    agents) are skipped.
-
-    Returns:
-        The segments, in order.
-    """
-    segs: list[TokenSegment] = []
-    for k, t in enumerate(turns):
-        prompt, action = list(t.prompt_ids), list(t.action_ids)
-        lps = list(getattr(t, "action_logprobs", None) or getattr(t, "logprobs", None) or [0.0] * len(action))
-        if not prompt and not action:
-            continue
-        cur = segs[-1] if segs else None
-        if cur is None or prompt[: len(cur.ids)] != cur.ids:
-            cur = TokenSegment()
-            segs.append(cur)
-        extra = prompt[len(cur.ids):]
-        cur.ids += extra + action
-        cur.loss_mask += [0] * len(extra) + [1] * len(action)
-        cur.logprobs += [0.0] * len(extra) + lps
-        cur.turn_spans.append((k, len(cur.ids) - len(action), len(cur.ids)))
-    return segs
+def chatml_tools_template() -> str:
+    """The bundled ChatML template that renders tools (TRL's ``qwen2_5.jinja``, see the file header)."""
+    return (Path(__file__).with_name("templates") / "chatml_tools.jinja").read_text()

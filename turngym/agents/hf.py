@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from turngym.agents.base import Conversation, SamplingParams
-from turngym.agents.chat import STATE_KEY, ChatRenderer
+from turngym.agents.chat import ChatRenderer, chatml_tools_template
 from turngym.agents.kvcache import RowCache, common_prefix, split, stack, supports_reuse
 from turngym.agents.sampling import StopChecker, make_generators, row_seeds, sample_next
 from turngym.tools.base import ToolRegistry
@@ -57,8 +57,6 @@ def resolve_template(tokenizer: Any, chat_template: str | None) -> str | None:
     in the system message. ``"chatml_tools"`` forces the bundled template; any other string is a
     Jinja template; ``None`` keeps the tokenizer's.
     """
-    from turngym.agents.default_model import chatml_tools_template
-
     if chat_template == "chatml_tools":
         return chatml_tools_template()
     if chat_template != "auto":

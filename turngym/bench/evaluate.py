@@ -12,7 +12,7 @@ import gymnasium as gym
 
 from turngym.agents.base import Policy, SamplingParams
 from turngym.bench.metrics import summarize
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import episode_specs, make_env_factory, rollout
 from turngym.types import Trajectory
 
 

@@ -10,6 +10,7 @@ import json
 import platform
 import time
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -39,6 +40,11 @@ def _with_bootstrap(s: dict, trajs: Sequence[Trajectory]) -> dict:
     return s
 
 
+def config_dict(cfg: Any) -> dict[str, Any]:
+    """A run's settings (a ``BenchConfig``), for ``results.json``."""
+    return asdict(cfg)
+
+
 def build_results(cfg, plans, records: dict, *, wall_s: float, out_dir: Path) -> dict:
     """The machine-readable report of a run.
 
@@ -53,7 +59,6 @@ def build_results(cfg, plans, records: dict, *, wall_s: float, out_dir: Path) ->
         ``{"config", "envs": {key: summary + "episodes_detail"}, "skipped": {key: reason},
         "suites": {name: pooled success}, "wall_s", "created"}``.
     """
-    from turngym.bench.runner import config_dict
 
     envs, skipped = {}, {}
     for plan in plans:

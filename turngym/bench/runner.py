@@ -15,7 +15,7 @@ import os
 import pickle
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from turngym.agents.base import Policy, SamplingParams
 from turngym.bench.suites import SuiteEntry, get_suite
-from turngym.trainers.rollout import EpisodeSpec, episode_specs, make_env_factory, rollout
+from turngym.rollout import EpisodeSpec, episode_specs, make_env_factory, rollout
 
 LOG_NAME, CONFIG_NAME = "episodes.jsonl", "config.json"
 Record = dict[str, Any]
@@ -336,8 +336,3 @@ def _run_pool(policy, work, chunk, cfg, log, on_chunk) -> None:
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)  # chunks not started are simply not logged
             raise
-
-
-def config_dict(cfg: BenchConfig) -> dict[str, Any]:
-    """The run's settings, for ``results.json``."""
-    return asdict(cfg)

@@ -2,7 +2,7 @@
 
 Behaviour shared by many envs is a wrapper, not a flag on every env (STYLE 12):
 
-- ``ShapedReward`` adds the gameable step reward of ``turngym.rewards.shaped`` to the env's reward
+- ``ShapedReward`` adds the gameable step reward of ``turngym.envs.shaping`` to the env's reward
   (``valid_call``: a bonus for every accepted action; ``new_observation``: a bonus for every
   observation not seen before in the episode; ``new_state``: a bonus for every env state not visited
   before in the episode). ``info["shaped_bonus"]`` holds the bonus and
@@ -26,7 +26,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
 from turngym.envs.registry import describe, register
-from turngym.rewards.shaped import Shaper
+from turngym.envs.shaping import Shaper
 
 _VERSIONED = re.compile(r"^(?P<name>.+)-v(?P<version>\d+)$")
 SHAPED_FAMILIES = ("turngym/TextWorld-", "turngym/SQL-")

@@ -33,9 +33,9 @@ from typing import Any, Sequence
 
 import torch
 
+from turngym.config import knob
 from turngym.rewards.base import PerTurn
 from turngym.rewards.encoders import Encoder, make_encoder, step_inputs
-from turngym.trainers.config import knob
 from turngym.types import Trajectory
 
 

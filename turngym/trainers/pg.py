@@ -22,13 +22,13 @@ from typing import Any
 
 import torch
 
+from turngym.config import knob
 from turngym.rewards import reward_stats
 from turngym.trainers import functional as Fn
-from turngym.trainers.config import knob
+from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.distributed import DistContext
-from turngym.trainers.online import OnlineConfig, actor_update, advantage_stats, reference_pass, task_schedule
 from turngym.trainers.sequences import pack_batch
-from turngym.trainers.trainer import OnlineTrainer
+from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, task_schedule
 from turngym.types import Trajectory
 
 ALGOS = ("reinforce", "rloo", "grpo", "gigpo")

@@ -11,12 +11,58 @@ of a long episode would cost gigabytes and buy nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from turngym.agents.chat import pack_turns
 from turngym.types import Trajectory
+
+
+@dataclass
+class TokenSegment:
+    """A run of turns whose prompts extend each other: one training sequence.
+
+    Attributes:
+        ids: All tokens, ``(T,)``.
+        loss_mask: ``(T,)``; 1 on sampled tokens.
+        logprobs: ``(T,)``; the recorded log-prob on sampled tokens, 0.0 elsewhere.
+        turn_spans: ``(turn_index, start, end)`` of each action inside ``ids``.
+    """
+
+    ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_spans: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+def pack_turns(turns: Sequence[Any]) -> list[TokenSegment]:
+    """Rebuild training sequences from recorded turns (``Turn`` or ``Utterance``-like objects with
+    ``prompt_ids``, ``action_ids`` and ``action_logprobs``/``logprobs``).
+
+    Each turn whose prompt extends the previous sequence joins it; any other starts a new segment
+    (a template fallback, or a policy without incremental prompts). Turns without tokens (scripted
+    agents) are skipped.
+
+    Returns:
+        The segments, in order.
+    """
+    segs: list[TokenSegment] = []
+    for k, t in enumerate(turns):
+        prompt, action = list(t.prompt_ids), list(t.action_ids)
+        lps = list(getattr(t, "action_logprobs", None) or getattr(t, "logprobs", None) or [0.0] * len(action))
+        if not prompt and not action:
+            continue
+        cur = segs[-1] if segs else None
+        if cur is None or prompt[: len(cur.ids)] != cur.ids:
+            cur = TokenSegment()
+            segs.append(cur)
+        extra = prompt[len(cur.ids):]
+        cur.ids += extra + action
+        cur.loss_mask += [0] * len(extra) + [1] * len(action)
+        cur.logprobs += [0.0] * len(extra) + lps
+        cur.turn_spans.append((k, len(cur.ids) - len(action), len(cur.ids)))
+    return segs
 
 
 @dataclass

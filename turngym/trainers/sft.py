@@ -27,11 +27,11 @@ from tqdm.auto import tqdm
 
 from turngym.agents.base import Conversation
 from turngym.agents.scripted import OracleAgent
-from turngym.trainers.config import knob
-from turngym.trainers.online import autocast, prepare_trainable
-from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+from turngym.config import knob
+from turngym.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout.handles import describe_env
+from turngym.trainers.actor import autocast, prepare_trainable
 from turngym.trainers.sequences import pack_batch, score
-from turngym.trainers.workers import describe_env
 from turngym.types import Message, Trajectory, Turn
 
 

@@ -1,4 +1,5 @@
-"""``OnlineTrainer``: the loop every online trainer shares (ArCHer and the critic-free family).
+"""``OnlineTrainer``: the loop every online trainer shares (ArCHer and the critic-free family), with
+its ``OnlineConfig`` and the collection helpers (task schedule, rollout metrics).
 
 A subclass supplies ``step()`` (one collect -> update iteration, returning its metrics) and, if it
 holds more state than the actor, ``_setup_extra``, ``_extra_state`` and ``_load_extra_state``.
@@ -21,24 +22,144 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import torch
 from tqdm.auto import tqdm
 
+from turngym.agents.base import SamplingParams
+from turngym.config import knob
 from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict
+from turngym.rollout import AsyncCollector, EpisodeSpec, make_env_factory, rollout
+from turngym.trainers.actor import frozen_copy, prepare_trainable
 from turngym.trainers.checkpoint import load_checkpoint, save_checkpoint
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
-from turngym.trainers.async_rollout import AsyncCollector
-from turngym.trainers.online import (
-    OnlineConfig, collect, env_factory, frozen_copy, prepare_trainable, rollout_metrics, split_task_ids, task_schedule,
-)
 from turngym.types import Trajectory
 
+
+@dataclass
+class OnlineConfig:
+    """Knobs shared by ArCHer and the policy-gradient family."""
+
+    iterations: int = knob(8, "collect -> update rounds")
+    episodes_per_iter: int = knob(16, "episodes collected per iteration")
+    group_size: int = knob(1, "episodes per task per iteration, played in a row from one reset seed")
+    num_envs: int = knob(16, "episodes in flight during collection (the generation batch)")
+    max_turns: int | None = knob(None, "override the env's turn limit")
+    temperature: float = knob(1.0, "sampling temperature while collecting")
+    top_p: float = knob(1.0, "nucleus mass while collecting")
+    max_new_tokens: int = knob(48, "length cap for one utterance")
+    gamma: float = knob(0.95, "discount between turns")
+    reward: list = knob(["env"], "reward transforms, summed (see turngym.rewards)")
+    actor_lr: float = knob(2e-5, "actor learning rate (AdamW)")
+    actor_warmup_steps: int = knob(0, "optimizer steps over which the actor lr ramps linearly up to actor_lr "
+                                      "(Adam's first steps move every weight by about lr, whatever its gradient)")
+    clip_coef: float = knob(0.2, "PPO ratio clip; 0 disables clipping")
+    kl_coef: float = knob(0.0, "weight of the KL(pi || reference) guard")
+    ent_coef: float = knob(0.0, "weight of the entropy bonus")
+    max_grad_norm: float = knob(1.0, "gradient clipping")
+    minibatch_size: int = knob(4, "sequences (episodes) per actor optimizer step")
+    actor_epochs: int = knob(1, "passes over each new batch")
+    normalize_advantages: bool = knob(False, "standardise advantages over the batch")
+    trainable: str = knob("all", "all | lora | top:K (only the top K transformer blocks)")
+    lora_r: int = knob(16, "LoRA rank when trainable=lora")
+    lora_alpha: int = knob(32, "LoRA alpha when trainable=lora")
+    autocast: str = knob("bf16", "bf16 | none: mixed precision for the training forwards (weights stay fp32)")
+    env_workers: str = knob("local", "where envs run: local | thread | subprocess | ray")
+    async_staleness: int = knob(-1, "-1: collect, then update; k >= 0: keep collecting on a background thread "
+                                    "during updates, training on episodes at most k policy versions old")
+    seed: int = knob(0, "seeds task order, sampling and minibatches")
+    checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
+
+    def __post_init__(self) -> None:
+        if self.iterations < 0 or self.episodes_per_iter < 1:
+            raise ValueError("iterations must be >= 0 and episodes_per_iter >= 1")
+        if self.group_size < 1 or self.episodes_per_iter % self.group_size:
+            raise ValueError(f"episodes_per_iter ({self.episodes_per_iter}) must be a multiple of group_size ({self.group_size})")
+        if not (self.trainable in ("all", "lora") or self.trainable.startswith("top:")):
+            raise ValueError(f"trainable must be all, lora or top:K, got {self.trainable!r}")
+        if self.autocast not in ("bf16", "none"):
+            raise ValueError(f"autocast must be bf16 or none, got {self.autocast!r}")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.actor_warmup_steps < 0:
+            raise ValueError(f"actor_warmup_steps must be >= 0, got {self.actor_warmup_steps}")
+        if self.env_workers not in ("local", "thread", "subprocess", "ray"):
+            raise ValueError(f"env_workers must be local, thread, subprocess or ray, got {self.env_workers!r}")
+
+    def sampling(self, iteration: int) -> SamplingParams:
+        # the seed depends only on (seed, iteration): a resumed run samples exactly as the original
+        return SamplingParams(self.temperature, self.top_p, self.max_new_tokens, seed=self.seed * 100_003 + iteration)
+
+
+def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_size: int = 1) -> list[EpisodeSpec]:
+    """``n`` episodes for one iteration: tasks shuffled by (seed, iteration), each repeated
+    ``group_size`` times with one reset seed so a group replays the same start."""
+    rng = random.Random(seed * 1_000_003 + iteration)
+    groups = max(1, n // group_size)
+    picks = [task_ids[rng.randrange(len(task_ids))] for _ in range(groups)]
+    specs = []
+    for g, task in enumerate(picks):
+        specs += [EpisodeSpec(task, seed * 1_000_003 + iteration * 1000 + g)] * group_size
+    return specs
+
+
+def collect(policy: Any, env_id: str, env_kwargs: dict, specs: list[EpisodeSpec], cfg: OnlineConfig, iteration: int,
+            ctx: DistContext | None = None, group_size: int = 1) -> tuple[list[Trajectory], dict]:
+    """Roll out the current policy on this rank's share of ``specs`` (all of them in one process).
+
+    Returns:
+        This rank's trajectories, and rollout metrics over every rank's episodes.
+    """
+    ctx = ctx or DistContext()
+    specs = ctx.shard(specs, group_size)
+    policy.invalidate_caches()  # the weights changed since the last collection
+    sampling = cfg.sampling(iteration)
+    sampling.seed = ctx.rank_seed(sampling.seed)  # ranks playing the same task must not sample alike
+    t0 = time.perf_counter()
+    trajs = rollout(policy, env_factory(env_id, env_kwargs, cfg), specs, sampling=sampling,
+                    num_envs=cfg.num_envs, workers=cfg.env_workers, progress=False)
+    metrics = rollout_metrics(trajs, time.perf_counter() - t0)
+    return trajs, ctx.all_reduce_metrics(metrics, weight=len(trajs), sum_keys=("rollout/env_steps", "rollout/tokens_per_s"))
+
+
+def env_factory(env_id: str, env_kwargs: dict, cfg: OnlineConfig):
+    """The picklable env factory the trainer plays (with the config's turn limit)."""
+    kwargs = dict(env_kwargs)
+    if cfg.max_turns is not None:
+        kwargs["max_turns"] = cfg.max_turns
+    return make_env_factory(env_id, **kwargs)
+
+
+def rollout_metrics(trajs: list[Trajectory], dt: float) -> dict[str, float]:
+    """Success, return, length, invalid-action rate and speed of a batch of episodes."""
+    turns = sum(len(t.turns) for t in trajs)
+    tokens = sum(len(x.action_ids) for t in trajs for x in t.turns)
+    invalid = sum(1 for t in trajs for x in t.turns if not x.info.get("action_valid", False))
+    return {
+        "rollout/success": sum(t.success for t in trajs) / len(trajs),
+        "rollout/return": sum(t.total_reward for t in trajs) / len(trajs),
+        "rollout/turns": turns / len(trajs),
+        "rollout/invalid_rate": invalid / max(turns, 1),
+        "rollout/env_steps": turns,
+        "rollout/tokens_per_s": tokens / dt if dt > 0 else 0.0,
+        "rollout/seconds": dt,
+    }
+
+
+def split_task_ids(env_id: str, env_kwargs: dict) -> list[str]:
+    """The task ids of the split an env is made with (the tasks a trainer plays)."""
+    probe = gym.make(env_id, **env_kwargs)
+    try:
+        return list(probe.unwrapped.task_ids)
+    finally:
+        probe.close()
 
 class OnlineTrainer:
     """Train ``policy`` (an ``HFPolicy``) on ``env_id``.

@@ -1,14 +1,6 @@
-"""Success by ALFWorld task type, and a small evaluation entry point.
-
-``python -m turngym.envs.alfworld.report --agent oracle --split valid_seen`` plays every game of
-the split and prints the table by task type.
-"""
+"""Success by ALFWorld task type (``scripts/alfworld_eval.py`` plays a split and prints it)."""
 
 from __future__ import annotations
-
-import argparse
-import sys
-import time
 
 from turngym.envs.alfworld.games import TASK_TYPES
 from turngym.types import Trajectory
@@ -33,32 +25,3 @@ def format_table(rows: dict[str, tuple[int, int]]) -> str:
     for t, (w, n) in rows.items():
         lines.append(f"{t:<{width}}  {w:>4}/{n:<5}  {w / n:7.1%}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from turngym.agents.registry import make_agent
-    from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
-
-    p = argparse.ArgumentParser(description="Play ALFWorld games and print success by task type.")
-    p.add_argument("--agent", default="oracle", help="agent spec for make_agent (oracle, random, ...)")
-    p.add_argument("--split", default="valid_seen")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--max-games", type=int, default=None)
-    p.add_argument("--max-turns", type=int, default=50)
-    args = p.parse_args(argv)
-    agent = make_agent(args.agent)
-    kwargs = {"split": args.split, "data_dir": args.data_dir, "max_games": args.max_games,
-              "max_turns": args.max_turns, **getattr(agent, "env_kwargs", {})}
-    factory = make_env_factory("turngym/ALFWorld-v0", **kwargs)
-    env = factory()
-    ids = env.unwrapped.task_ids
-    env.close()
-    t0 = time.time()
-    trajs = rollout(agent, factory, episode_specs(ids, len(ids)), num_envs=1)
-    print(format_table(success_by_type(trajs)))
-    print(f"{len(trajs)} games in {time.time() - t0:.0f}s")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

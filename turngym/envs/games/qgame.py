@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from turngym.envs.base import StepOutcome, TextEnv
+from turngym.envs.counterpart import resolve_agent
 from turngym.envs.splits import split_of
 from turngym.tools.base import Tool
-from turngym.types import Message, ToolCall
+from turngym.types import Conversation, Message, SamplingParams, ToolCall
 
 _GUESS = re.compile(
     r"^(?:is it|is this|is that|is the (?:object|thing|item|city|answer|secret)|is your (?:object|city)|"
@@ -97,15 +98,10 @@ class PolicyAnswerer:
 
     @property
     def policy(self):
-        if isinstance(self._policy, str):
-            from turngym.agents.registry import make_agent
-
-            self._policy = make_agent(self._policy)
+        self._policy = resolve_agent(self._policy)  # built on first use: a spec may load a model
         return self._policy
 
     def answer(self, question: str, secret: Entity) -> str:
-        from turngym.agents.base import Conversation, SamplingParams
-
         conv = Conversation([Message("system", self.describe(secret)), Message("user", question)], tool_format="text")
         text = self.policy.act([conv], SamplingParams(temperature=0.0, max_new_tokens=32))[0].text.strip()
         first = norm(text).split()[:1]

@@ -2,15 +2,15 @@
 
 Two entry points:
 
-- ``async_rollout(policy, make_env, specs, ...)`` has ``rollout``'s signature and return value (it is
-  what ``rollout(..., mode="async")`` calls): every spec once, results in spec order. A scripted
+- ``async_rollout(policy, make_env, specs, ...)`` has ``rollout``'s signature and return value:
+  every spec once, results in spec order. A scripted
   deterministic policy gets the same trajectories as in sync mode; an LLM policy sees different
   batch compositions, so its samples may differ.
 - ``AsyncCollector`` keeps playing episodes on a background thread and hands finished trajectories to
   a trainer, each tagged with the policy version that produced it, with bounded staleness.
 
 How the overlap works: every env reset or step runs on its own thread, which calls the env handle's
-``send`` then ``recv`` (see ``turngym.trainers.workers``). The loop waits until at least one episode
+``send`` then ``recv`` (see ``turngym.rollout.handles``). The loop waits until at least one episode
 is ready (its env answered), asks the policy for that batch, hands the steps out and waits again.
 There is no barrier: while one episode's tool sleeps, runs a sandbox or waits on a subprocess
 worker, the policy generates for the others. With ``workers=False`` the envs run in this process on
@@ -58,11 +58,11 @@ from typing import Any, Iterable, Iterator
 from tqdm.auto import tqdm
 
 from turngym.agents.base import Policy, SamplingParams
-from turngym.trainers.rollout import (
+from turngym.rollout.episode import (
     EpisodeSpec, act_checked, apply_step, begin_episode, close_handles, end_episode, make_turn, open_handles,
     reset_kwargs,
 )
-from turngym.trainers.workers import EnvCrashed, EnvHandle
+from turngym.rollout.handles import EnvCrashed, EnvHandle
 from turngym.types import Trajectory, Turn
 
 GATHER_S = 0.02  # after the first env answer, wait this long for each further one before generating
@@ -199,7 +199,7 @@ def async_rollout(
 ) -> list[Trajectory]:
     """Play every episode in ``specs``, generating for ready episodes while other envs step.
 
-    Args and Returns: as ``turngym.trainers.rollout.rollout`` (``mode`` aside), plus:
+    Args and Returns: as ``turngym.rollout.sync.rollout``, plus:
         max_batch: Act on at most this many ready episodes at once (None: all of them). With a
             batch-at-a-time backend (HF) and envs of equal latency, all episodes stay in lock-step
             and nothing overlaps; ``num_envs // 2`` splits them into two groups, so one group's

@@ -15,7 +15,7 @@ One call may be in flight per handle; ``send`` twice without ``recv`` is an erro
 ``make_handle(kind, make_env, timeout_s)`` builds one: ``"local"`` (``LocalEnv``, the call runs
 inside ``send``), ``"thread"`` (``LocalEnv`` running each call on a thread, so envs whose steps wait
 on I/O step at once), ``"subprocess"`` (``SubprocessEnv``) or ``"ray"``
-(``turngym.trainers.ray_backend.RayEnv``, the ``[ray]`` extra).
+(``turngym.rollout.ray_env.RayEnv``, the ``[ray]`` extra).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from typing import Any, Callable, Protocol
 import gymnasium as gym
 
 EnvFactory = Callable[[], gym.Env]
-HANDLE_KINDS = ("local", "thread", "subprocess", "ray")
 
 
 class EnvCrashed(RuntimeError):
@@ -61,11 +60,20 @@ def describe_env(env: gym.Env) -> dict[str, Any]:
     }
 
 
+_KINDS: dict[str, Callable[[EnvFactory, float | None], "EnvHandle"]] = {}
+
+
+def register_handle_kind(kind: str, factory: Callable[[EnvFactory, float | None], "EnvHandle"]) -> None:
+    """Make ``make_handle(kind, ...)`` call ``factory(make_env, timeout_s)`` (``turngym.rollout.ray_env``
+    registers ``"ray"`` this way, so this module never imports Ray code)."""
+    _KINDS[kind] = factory
+
+
 def make_handle(kind: str, make_env: EnvFactory, timeout_s: float | None = 60.0) -> EnvHandle:
     """Build an env handle.
 
     Args:
-        kind: ``"local"`` | ``"thread"`` | ``"subprocess"`` | ``"ray"``.
+        kind: ``"local"`` | ``"thread"`` | ``"subprocess"`` | ``"ray"`` | a registered kind.
         make_env: Zero-argument env factory (picklable for ``"subprocess"`` with spawn and ``"ray"``).
         timeout_s: Per-call limit. ``"local"`` cannot enforce it (the call runs inline).
 
@@ -74,23 +82,11 @@ def make_handle(kind: str, make_env: EnvFactory, timeout_s: float | None = 60.0)
 
     Raises:
         ValueError: unknown ``kind``.
-        ImportError: ``"ray"`` without Ray or without ``turngym.trainers.ray_backend``.
+        ImportError: ``"ray"`` without Ray.
     """
-    if kind == "local":
-        return LocalEnv(make_env, timeout_s)
-    if kind == "thread":
-        return LocalEnv(make_env, timeout_s, threaded=True)
-    if kind == "subprocess":
-        return SubprocessEnv(make_env, timeout_s if timeout_s is not None else 60.0)
-    if kind == "ray":
-        try:
-            from turngym.trainers.ray_backend import RayEnv
-        except ImportError as e:
-            raise ImportError(
-                f"workers='ray' needs Ray and turngym.trainers.ray_backend (pip install 'turngym[ray]'): {e}"
-            ) from e
-        return RayEnv(make_env, timeout_s)
-    raise ValueError(f"unknown env handle kind {kind!r}; expected one of {HANDLE_KINDS}")
+    if kind not in _KINDS:
+        raise ValueError(f"unknown env handle kind {kind!r}; expected one of {sorted(_KINDS)}")
+    return _KINDS[kind](make_env, timeout_s)
 
 
 def handle_kind(workers: bool | str) -> str:
@@ -99,8 +95,8 @@ def handle_kind(workers: bool | str) -> str:
         return "subprocess"
     if workers is False or workers is None:
         return "local"
-    if workers not in HANDLE_KINDS:
-        raise ValueError(f"workers must be a bool or one of {HANDLE_KINDS}, got {workers!r}")
+    if workers not in _KINDS:
+        raise ValueError(f"workers must be a bool or one of {sorted(_KINDS)}, got {workers!r}")
     return workers
 
 
@@ -326,3 +322,8 @@ class SubprocessEnv(BlockingCalls):
             except EnvCrashed:
                 pass  # it was closing anyway; _kill below makes sure
         self._kill()
+
+
+register_handle_kind("local", LocalEnv)
+register_handle_kind("thread", lambda make_env, timeout_s: LocalEnv(make_env, timeout_s, threaded=True))
+register_handle_kind("subprocess", lambda make_env, timeout_s: SubprocessEnv(make_env, 60.0 if timeout_s is None else timeout_s))

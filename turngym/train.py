@@ -3,12 +3,17 @@ tasks, SFT warm start, evaluate, RL (ArCHer or a critic-free algorithm), evaluat
 
 Stages are recorded in ``<output_dir>/stages.json`` as they finish, and the SFT weights are kept,
 so a killed run resumes at the stage it was in (the RL stage from its own checkpoint).
+
+This module sits above both the trainers and bench (it uses bench's held-out evaluation), and holds
+the ``turngym train`` command line too.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,8 +21,10 @@ from typing import Any
 
 import torch
 
+from turngym.agents.base import SamplingParams
+from turngym.bench.evaluate import evaluate
+from turngym.config import apply_overrides, describe, knob, load_yaml
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
-from turngym.trainers.config import knob
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
 from turngym.trainers.pg import ALGOS, PGConfig, PGTrainer
@@ -106,9 +113,6 @@ def save_final_model(policy: Any, path: Path) -> Path:
 
 
 def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str) -> dict:
-    from turngym.agents.base import SamplingParams
-    from turngym.bench.evaluate import evaluate
-
     policy.invalidate_caches()
     res = evaluate(cfg.env_id, policy, agent_name=f"{cfg.model}@{tag}", episodes=cfg.eval.episodes,
                    seed=10_000 + cfg.seed, env_kwargs=_with_split(cfg.env_kwargs, cfg.eval.split),
@@ -232,3 +236,31 @@ def _stage_plot(data: dict, path: Path, cfg: TrainConfig) -> None:
     if rows:
         plot_learning_curve(rows, path, keys=("held_out_success",), x_key="step",
                             title=f"{cfg.env_id}: zero-shot -> SFT -> {cfg.algo}")
+
+
+# ----- the command line: turngym train ---------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="YAML config (default: the quickstart, built in)")
+    p.add_argument("--algo", default=None, help="archer | grpo | gigpo | rloo | reinforce")
+    p.add_argument("--output-dir", default=None, help="where checkpoints, metrics and plots go")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set archer.iterations=4 --set sft.epochs=1")
+    p.add_argument("--show-config", action="store_true", help="print every field with its help and exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.show_config:
+        print(describe(TrainConfig))
+        return 0
+    cfg = load_yaml(TrainConfig, args.config) if args.config else TrainConfig()
+    overrides = list(args.set)
+    if args.algo:
+        overrides.append(f"algo={args.algo}")
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    cfg = apply_overrides(cfg, overrides)
+    summary = run(cfg, progress=not args.quiet)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank returns; one prints
+        print(json.dumps(summary, indent=2))
+    return 0

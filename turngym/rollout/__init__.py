@@ -1,0 +1,18 @@
+"""Play episodes: env handles (local, thread, subprocess, Ray), the sync and async rollout loops.
+
+    from turngym.rollout import episode_specs, make_env_factory, rollout
+    trajs = rollout(policy, make_env_factory("turngym/Maze-v0"), episode_specs(task_ids, 20))
+
+Benchmarks, bench, scripts and trainers all play episodes through this room.
+"""
+
+from turngym.rollout import ray_env  # noqa: F401  (registers the "ray" env-handle kind; imports no Ray)
+from turngym.rollout.async_rollout import AsyncCollector, async_rollout
+from turngym.rollout.episode import EpisodeSpec, episode_specs, make_env_factory
+from turngym.rollout.handles import EnvCrashed, EnvHandle, LocalEnv, SubprocessEnv, describe_env, make_handle
+from turngym.rollout.sync import rollout
+
+__all__ = [
+    "rollout", "async_rollout", "AsyncCollector", "EpisodeSpec", "episode_specs", "make_env_factory",
+    "EnvCrashed", "EnvHandle", "LocalEnv", "SubprocessEnv", "describe_env", "make_handle",
+]

@@ -1,0 +1,154 @@
+"""One episode, step by step: what the sync and async rollout loops share.
+
+An episode is a ``Live`` record (its spec, the conversation the policy sees, the trajectory being
+recorded). ``begin_episode`` opens it from the env's reset, ``make_turn`` + ``apply_step`` record
+one policy utterance and the env's answer (tool calls come from the env's own parse: it is the
+record), ``end_episode`` closes it. A crashed env (``EnvCrashed``) ends the episode as truncated
+with the error in its metadata, so no episode is lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from turngym.agents.base import Conversation, Policy, SamplingParams
+from turngym.rollout.handles import EnvCrashed, EnvHandle, handle_kind, make_handle
+from turngym.types import Message, ToolCall, Trajectory, Turn
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """Which episode to play: a task and the reset seed (same pair => same episode start)."""
+
+    task_id: str | None
+    seed: int
+
+
+def make_env_factory(env_id: str, **kwargs: Any) -> functools.partial:
+    """A picklable factory for ``turngym.make(env_id, **kwargs)`` (for subprocess workers)."""
+    from turngym.envs.registry import make
+
+    return functools.partial(make, env_id, **kwargs)
+
+
+def episode_specs(task_ids: list[str], episodes: int, seed: int = 0, group_size: int = 1) -> list[EpisodeSpec]:
+    """``episodes`` specs cycling over ``task_ids``; each is repeated ``group_size`` times in a row
+    with the same seed, so group methods (GRPO, GiGPO) get identical resets."""
+    if not task_ids:
+        raise ValueError("no tasks to play")
+    specs = []
+    for i in range(episodes):
+        s = EpisodeSpec(task_ids[i % len(task_ids)], seed + i)
+        specs += [s] * group_size
+    return specs
+
+
+@dataclass
+class Live:
+    spec: EpisodeSpec
+    conv: Conversation
+    traj: Trajectory
+    t0: float
+
+
+def open_handles(workers: bool | str, make_env, n: int, timeout_s: float) -> list[EnvHandle]:
+    """``n`` env handles of the kind ``workers`` names (closed again if one fails to open)."""
+    kind = handle_kind(workers)
+    handles: list[EnvHandle] = []
+    try:
+        for _ in range(max(1, n)):
+            handles.append(make_handle(kind, make_env, timeout_s))
+    except BaseException:
+        close_handles(handles)
+        raise
+    return handles
+
+
+def close_handles(handles: list[EnvHandle]) -> None:
+    for h in handles:
+        try:
+            h.close()
+        except Exception:
+            pass  # closing is best effort; the results are already collected
+
+
+def act_checked(policy: Policy, convs: list[Conversation], sampling: SamplingParams | None) -> list:
+    """``policy.act`` with the one-utterance-per-conversation contract checked."""
+    utts = policy.act(convs, sampling)
+    if len(utts) != len(convs):
+        raise RuntimeError(f"policy returned {len(utts)} utterances for {len(convs)} conversations")
+    return utts
+
+
+def recv_result(handle: EnvHandle) -> Any:
+    """The handle's answer, or the ``EnvCrashed`` it raised (the handle has restarted)."""
+    try:
+        return handle.recv()
+    except EnvCrashed as e:
+        return e
+
+
+def reset_kwargs(spec: EpisodeSpec) -> dict[str, Any]:
+    return {"seed": spec.seed, "options": {"task_id": spec.task_id} if spec.task_id is not None else None}
+
+
+def begin_episode(spec: EpisodeSpec, result, env_desc: dict, metadata: dict | None, t0: float) -> Live:
+    """An episode from its reset's result ``(obs, info)``; truncated if the reset crashed."""
+    meta = {"seed": spec.seed, **(metadata or {})}
+    if isinstance(result, EnvCrashed):
+        traj = Trajectory(str(spec.task_id), truncated=True, metadata={**meta, "error": str(result)})
+        return Live(spec, Conversation([]), traj, t0)
+    obs, info = result
+    meta["task_type"] = info.get("task_type", "default")
+    meta["initial_state_key"] = info.get("state_key")  # GiGPO anchors the first action here
+    traj = Trajectory(str(info.get("task_id", spec.task_id)), metadata=meta, initial_observation=list(obs))
+    conv = Conversation(list(obs), env_desc["tools"], env_desc["tool_format"], info=info)
+    return Live(spec, conv, traj, t0)
+
+
+def make_turn(utt) -> Turn:
+    """A turn holding the policy's utterance (the env's answer is added by ``apply_step``)."""
+    return Turn(
+        action_text=utt.text,
+        tool_calls=list(utt.tool_calls),
+        prompt_ids=list(utt.prompt_ids),
+        action_ids=list(utt.action_ids),
+        action_logprobs=list(utt.logprobs),
+    )
+
+
+def apply_step(ep: Live, utt, turn: Turn, result) -> bool:
+    """Record one step's ``result`` (the env's 5-tuple or ``EnvCrashed``); True when the episode is over."""
+    if isinstance(result, EnvCrashed):
+        turn.info = {"action_valid": False, "error": str(result)}
+        ep.traj.turns.append(turn)
+        ep.traj.truncated = True
+        ep.traj.metadata["error"] = str(result)
+        return True
+    obs, reward, terminated, truncated, info = result
+    turn.observation, turn.reward, turn.info = list(obs), float(reward), info
+    if info.get("tool_calls") is not None:
+        turn.tool_calls = [ToolCall.from_dict(c) for c in info["tool_calls"]]
+    ep.traj.turns.append(turn)
+    ep.traj.outcome = float(info.get("outcome", ep.traj.outcome))
+    ep.conv.messages.append(_assistant_message(utt, turn, ep.conv.tool_format))
+    ep.conv.messages.extend(obs)
+    ep.conv.info = info
+    if terminated or truncated:
+        ep.traj.terminated, ep.traj.truncated = bool(terminated), bool(truncated and not terminated)
+        return True
+    return False
+
+
+def end_episode(ep: Live) -> Trajectory:
+    ep.traj.metadata["wall_s"] = time.perf_counter() - ep.t0
+    return ep.traj
+
+
+def _assistant_message(utt, turn: Turn, tool_format: str) -> Message:
+    if tool_format == "openai" and turn.tool_calls:
+        return Message("assistant", "", tool_calls=list(turn.tool_calls))
+    return Message("assistant", utt.text)

@@ -1,0 +1,113 @@
+"""Sync rollout: run a policy on many episodes and return Trajectories.
+
+Up to ``num_envs`` episodes run at once. Each loop asks the policy for one utterance per live
+episode in a single batched ``act`` call, sends every env its step, then collects the results:
+envs in workers step in parallel, with a barrier before the next ``act``. For rollout without the
+barrier, see ``turngym.rollout.async_rollout``.
+
+Envs live in this process, on threads, in subprocess workers or in Ray actors (``workers``, see
+``turngym.rollout.handles``) with a per-step timeout; an env that crashes or hangs is restarted
+and its episode is kept, marked truncated, with the error in its metadata.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from turngym.agents.base import Policy, SamplingParams
+from turngym.rollout.episode import (
+    EpisodeSpec, act_checked, apply_step, begin_episode, close_handles, end_episode, make_turn, open_handles,
+    recv_result, reset_kwargs,
+)
+from turngym.types import Trajectory
+
+
+def rollout(
+    policy: Policy,
+    make_env,
+    specs: list[EpisodeSpec],
+    *,
+    sampling: SamplingParams | None = None,
+    num_envs: int = 8,
+    workers: bool | str = False,
+    step_timeout_s: float = 60.0,
+    progress: bool = True,
+    metadata: dict[str, Any] | None = None,
+) -> list[Trajectory]:
+    """Play every episode in ``specs`` with ``policy``.
+
+    Args:
+        policy: Anything with ``act(conversations, sampling) -> list[Utterance]``.
+        make_env: Zero-argument env factory (see ``make_env_factory``); picklable if ``workers``.
+        specs: Episodes to play, in order; results come back in the same order.
+        sampling: Passed to ``policy.act``.
+        num_envs: Episodes in flight at once (the policy's largest batch).
+        workers: Where envs run: ``False``/``"local"`` (this process), ``"thread"`` (this process,
+            each step on a thread), ``True``/``"subprocess"`` (worker processes), ``"ray"``.
+        step_timeout_s: Limit for one reset/step (not enforced for ``"local"``).
+        progress: Show a tqdm bar.
+        metadata: Merged into every trajectory's metadata (e.g. env id, policy version).
+
+    Returns:
+        One Trajectory per spec.
+
+    Raises:
+        ValueError: unknown ``workers``.
+    """
+    if not specs:
+        return []
+    handles = open_handles(workers, make_env, min(num_envs, len(specs)), step_timeout_s)
+    try:
+        return _sync_loop(policy, handles, specs, sampling, progress, metadata)
+    finally:
+        close_handles(handles)
+
+
+def _sync_loop(policy, handles, specs, sampling, progress, metadata) -> list[Trajectory]:
+    env_desc = handles[0].describe()
+    results: list[Trajectory | None] = [None] * len(specs)
+    queue = list(enumerate(specs))[::-1]
+    live: dict[int, tuple[int, Live]] = {}
+    bar = tqdm(total=len(specs), desc="episodes", disable=not progress, leave=False)
+
+    def finish(idx: int, traj: Trajectory) -> None:
+        results[idx] = traj
+        bar.update(1)
+
+    _fill(handles, list(range(len(handles))), queue, live, env_desc, metadata, finish)
+    while live:
+        slots = sorted(live)
+        utts = act_checked(policy, [live[s][1].conv for s in slots], sampling)
+        for s, utt in zip(slots, utts):  # every env steps at once; the barrier is the recv loop below
+            handles[s].send("step", utt.text)
+        freed = []
+        for s, utt in zip(slots, utts):
+            idx, ep = live[s]
+            turn = make_turn(utt)
+            if apply_step(ep, utt, turn, recv_result(handles[s])):
+                finish(idx, end_episode(ep))
+                del live[s]
+                freed.append(s)
+        _fill(handles, freed, queue, live, env_desc, metadata, finish)
+    bar.close()
+    return results  # type: ignore[return-value]
+
+
+def _fill(handles, slots, queue, live, env_desc, metadata, finish) -> None:
+    """Start the next queued episodes on the free ``slots`` (resets run in parallel)."""
+    while slots and queue:
+        batch = [(s, *queue.pop()) for s in slots[: len(queue)]]
+        slots = slots[len(batch):]
+        t0 = time.perf_counter()
+        for s, _, spec in batch:
+            handles[s].send("reset", reset_kwargs(spec))
+        for s, idx, spec in batch:
+            ep = begin_episode(spec, recv_result(handles[s]), env_desc, metadata, t0)
+            if ep.traj.truncated:  # reset itself crashed: record it and give the slot the next spec
+                finish(idx, ep.traj)
+                slots.append(s)
+            else:
+                live[s] = (idx, ep)
