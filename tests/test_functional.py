@@ -26,10 +26,10 @@ def test_polyak_update():
     assert_close(Fn.polyak(t([1.0, 2.0]), t([3.0, 6.0]), 0.5), t([2.0, 4.0]))
 
 
-def test_utterance_advantage_broadcast_over_masked_tokens():
+def test_utterance_advantage_broadcast_to_its_scored_tokens():
     per_turn = t([0.5, -1.0, 2.0])
-    token_turn = t([[-1, 0, 0, -1], [1, -1, 2, 2]])
-    assert_close(Fn.broadcast_to_tokens(per_turn, token_turn), t([[0.0, 0.5, 0.5, 0.0], [-1.0, 0.0, 2.0, 2.0]]))
+    token_turn = torch.tensor([0, 0, 1, 2, 2])  # utterance 0 has 2 tokens, 1 has 1, 2 has 2
+    assert_close(Fn.broadcast_to_tokens(per_turn, token_turn), t([0.5, 0.5, -1.0, 2.0, 2.0]))
 
 
 def test_clipped_pg_loss_by_hand():
@@ -50,13 +50,16 @@ def test_kl_k3_and_entropy():
     # r = log .25 - log .5 = -log 2 ; exp(r) - r - 1 = 0.5 + 0.693147 - 1
     assert_close(Fn.kl_k3(t([math.log(0.5)]), t([math.log(0.25)])), t([0.5 + math.log(2) - 1]))
     assert_close(Fn.kl_k3(t([-1.0]), t([-1.0])), t([0.0]))
-    assert_close(Fn.entropy_from_logits(torch.zeros(2, 4)), t([math.log(4)] * 2))
 
 
-def test_token_logprobs_alignment():
-    logits = torch.zeros(1, 2, 2)
-    logits[0, 0, 1] = math.log(3)  # p(next=1 | first token) = 3/4
-    assert_close(Fn.token_logprobs(logits, t([[0, 1]])), t([[math.log(0.75)]]))
+def test_token_logprobs_and_entropy_by_hand():
+    logits = torch.zeros(2, 4)
+    logits[0, 1] = math.log(3)  # row 0: p = (1, 3, 1, 1) / 6
+    logp, ent = Fn.token_logprobs_and_entropy(logits, torch.tensor([1, 2]), entropy=True)
+    assert_close(logp, t([math.log(0.5), math.log(0.25)]))
+    # row 0: -(3 * 1/6 log 1/6 + 1/2 log 1/2) ; row 1: uniform over 4 -> log 4
+    assert_close(ent, t([-(0.5 * math.log(1 / 6) + 0.5 * math.log(0.5)), math.log(4)]))
+    assert Fn.token_logprobs_and_entropy(logits, torch.tensor([0, 0]))[1] is None
 
 
 def test_discounted_returns():

@@ -115,7 +115,6 @@ def test_native_tool_call_reply_is_written_in_the_envs_format(stub):
     pol = _policy(s)
     u = pol.act([conv], SamplingParams(temperature=0.5, max_new_tokens=20, seed=4))[0]
     assert u.text == '<tool_call>\n{"name": "guess", "arguments": {"number": 3}}\n</tool_call>'
-    assert [(c.name, c.arguments) for c in u.tool_calls] == [("guess", {"number": 3})]
     assert u.logprobs == [-0.25, -1.5] and u.finish_reason == "tool_calls"
     assert u.prompt_ids == [] and u.action_ids == []
     body = s.bodies[0]
@@ -150,7 +149,6 @@ def test_xml_env_gets_tools_as_text_and_stop_strings(stub):
     assert "tools" not in body and body["stop"] == ["END", "</guess>"]
     assert "<guess>number</guess>" in body["messages"][0]["content"]
     assert u.text == "<guess>4</guess>"  # vLLM's stop_reason puts the cut stop string back
-    assert [(c.name, c.arguments) for c in u.tool_calls] == [("guess", {"number": 4})]
 
 
 def test_timeout_is_retried(stub):

@@ -246,3 +246,11 @@ def test_thread_handle_abandons_a_hung_call_and_rebuilds_its_env():
     assert h.env is not first and h.restarts == 1
     h.reset(seed=0, options={"task_id": "1"})
     assert h.step(GUESS_CALL.format(1))[2]
+
+
+def test_each_turn_records_the_state_its_action_was_taken_from():
+    factory = make_env_factory("turngym/Maze-v0", scripted_hints=True)
+    trajs = rollout(RandomAgent(seed=1), factory, episode_specs(factory().unwrapped.task_ids[:2], 2), progress=False)
+    for t in trajs:
+        before = [t.metadata["initial_state_key"]] + [turn.info["state_key"] for turn in t.turns[:-1]]
+        assert [turn.info["anchor_state_key"] for turn in t.turns] == before and len(t.turns) > 1

@@ -118,11 +118,10 @@ def test_pg_family_smoke(policy, tmp_path, algo):
 
 
 def test_turn_advantages_follow_the_algorithms_by_hand():
-    def traj(rewards, keys):
-        return Trajectory("t", [Turn("a", reward=r, info={"state_key": k}) for r, k in zip(rewards, keys)],
-                          metadata={"initial_state_key": "s0"})
+    def traj(rewards, keys):  # keys: the state each action was taken from (the rollout records it)
+        return Trajectory("t", [Turn("a", reward=r, info={"anchor_state_key": k}) for r, k in zip(rewards, keys)])
 
-    trajs = [traj([0, 1], ["s1", "s2"]), traj([0, 0], ["s1", "s3"])]
+    trajs = [traj([0, 1], ["s0", "s1"]), traj([0, 0], ["s0", "s1"])]
     rewards = [[0.0, 1.0], [0.0, 0.0]]
     grpo = turn_advantages(trajs, rewards, PGConfig(algo="grpo", group_size=2, episodes_per_iter=2))
     assert grpo == [[pytest.approx(1.0, abs=1e-5)] * 2, [pytest.approx(-1.0, abs=1e-5)] * 2]

@@ -127,11 +127,11 @@ class Utterance:
     """What a policy produced for one conversation: the text and the exact tokens behind it.
 
     Scripted agents leave the token fields empty. LLM policies fill them at sampling time;
-    training uses them as they are and never re-tokenizes ``text``.
+    training uses them as they are and never re-tokenizes ``text``. Tool calls are not parsed here:
+    the env parses ``text`` with its own format, and that parse is the record (``Turn.tool_calls``).
     """
 
     text: str
-    tool_calls: list[ToolCall] = field(default_factory=list)
     prompt_ids: list[int] = field(default_factory=list)
     action_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)

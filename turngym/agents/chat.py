@@ -40,9 +40,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from turngym.agents.base import Conversation
-from turngym.tools.base import ToolRegistry
 from turngym.tools.formats import get_format
-from turngym.types import Message, ToolCall
+from turngym.types import Message
 
 STATE_KEY = "turngym.chat"
 _SENTINEL = "\u2063TURNGYM_SENTINEL\u2063"
@@ -242,12 +241,6 @@ class ChatRenderer:
         st.loss_mask += [1] * len(action_ids)
         st.last_action = list(action_ids)
         st.sampling_logprobs.append(list(sampling_logprobs or []))
-
-    def parse_calls(self, conv: Conversation, text: str) -> list[ToolCall]:
-        """Tool calls in ``text``, read with the env's own format (never raises)."""
-        if not conv.tools:
-            return []
-        return get_format(conv.tool_format).parse(text, ToolRegistry.from_specs(list(conv.tools))).calls
 
 
 def chatml_tools_template() -> str:

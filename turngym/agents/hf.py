@@ -158,7 +158,7 @@ class HFPolicy:
             self.chat.record(conv, g.action_ids, g.sampling_logprobs)
             text = self.tokenizer.decode(g.action_ids[:-1] if g.ended_by_token else g.action_ids, skip_special_tokens=False)
             out.append(Utterance(
-                text=text, tool_calls=self.chat.parse_calls(conv, text), prompt_ids=list(prompts[i]),
+                text=text, prompt_ids=list(prompts[i]),
                 action_ids=list(g.action_ids), logprobs=list(g.logprobs), finish_reason=g.finish_reason,
             ))
         return out

@@ -174,10 +174,8 @@ class OpenAIPolicy:
         if calls:
             text = _with_calls(text, calls, conv.tool_format)
         lps = [float(t["logprob"]) for t in ((choice.get("logprobs") or {}).get("content") or []) if "logprob" in t]
-        parsed = get_format(conv.tool_format).parse(text, ToolRegistry.from_specs(list(conv.tools))) if conv.tools else None
         return Utterance(
             text=text,
-            tool_calls=parsed.calls if parsed else [],
             prompt_ids=list(data.get("prompt_token_ids") or choice.get("prompt_token_ids") or []),
             action_ids=list(choice.get("token_ids") or []),
             logprobs=lps,

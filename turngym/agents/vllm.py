@@ -94,7 +94,7 @@ class VLLMPolicy:
         ended = bool(ids) and ids[-1] in self.chat.end_token_ids
         text = self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
         finish = "length" if out.finish_reason == "length" else "stop"
-        return Utterance(text, self.chat.parse_calls(conv, text), list(prompt), ids, lps, finish)
+        return Utterance(text, list(prompt), ids, lps, finish)
 
     def load_weights(self, weights: Any) -> None:
         """Replace the engine's weights with the trainer's, without a restart.

@@ -103,7 +103,7 @@ def begin_episode(spec: EpisodeSpec, result, env_desc: dict, metadata: dict | No
         return Live(spec, Conversation([]), traj, t0)
     obs, info = result
     meta["task_type"] = info.get("task_type", "default")
-    meta["initial_state_key"] = info.get("state_key")  # GiGPO anchors the first action here
+    meta["initial_state_key"] = info.get("state_key")  # where the episode starts (state-novelty shaping)
     traj = Trajectory(str(info.get("task_id", spec.task_id)), metadata=meta, initial_observation=list(obs))
     conv = Conversation(list(obs), env_desc["tools"], env_desc["tool_format"], info=info)
     return Live(spec, conv, traj, t0)
@@ -113,7 +113,6 @@ def make_turn(utt) -> Turn:
     """A turn holding the policy's utterance (the env's answer is added by ``apply_step``)."""
     return Turn(
         action_text=utt.text,
-        tool_calls=list(utt.tool_calls),
         prompt_ids=list(utt.prompt_ids),
         action_ids=list(utt.action_ids),
         action_logprobs=list(utt.logprobs),
@@ -121,15 +120,20 @@ def make_turn(utt) -> Turn:
 
 
 def apply_step(ep: Live, utt, turn: Turn, result) -> bool:
-    """Record one step's ``result`` (the env's 5-tuple or ``EnvCrashed``); True when the episode is over."""
+    """Record one step's ``result`` (the env's 5-tuple or ``EnvCrashed``); True when the episode is over.
+
+    ``turn.info["anchor_state_key"]`` is the state the action was taken from (the env's state key
+    after the previous step or the reset): GiGPO groups steps by it.
+    """
+    anchor = ep.conv.info.get("state_key")
     if isinstance(result, EnvCrashed):
-        turn.info = {"action_valid": False, "error": str(result)}
+        turn.info = {"action_valid": False, "error": str(result), "anchor_state_key": anchor}
         ep.traj.turns.append(turn)
         ep.traj.truncated = True
         ep.traj.metadata["error"] = str(result)
         return True
     obs, reward, terminated, truncated, info = result
-    turn.observation, turn.reward, turn.info = list(obs), float(reward), info
+    turn.observation, turn.reward, turn.info = list(obs), float(reward), {**info, "anchor_state_key": anchor}
     if info.get("tool_calls") is not None:
         turn.tool_calls = [ToolCall.from_dict(c) for c in info["tool_calls"]]
     ep.traj.turns.append(turn)

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from turngym.agents.base import Policy, SamplingParams
 from turngym.rollout.episode import (
-    EpisodeSpec, act_checked, apply_step, begin_episode, close_handles, end_episode, make_turn, open_handles,
+    EpisodeSpec, Live, act_checked, apply_step, begin_episode, close_handles, end_episode, make_turn, open_handles,
     recv_result, reset_kwargs,
 )
 from turngym.types import Trajectory

@@ -369,7 +369,7 @@ class ArcherTrainer(OnlineTrainer):
                 adv = Fn.utterance_advantage(q, v)
         if cfg.normalize_advantages and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-6)
-        token_adv = adv[batch.token_turn]
+        token_adv = Fn.broadcast_to_tokens(adv, batch.token_turn)
         if self.baseline is not None:
             token_adv, base_metrics = self._token_baseline(batch, hidden, q, token_adv)
             metrics.update(base_metrics)

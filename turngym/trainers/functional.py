@@ -52,17 +52,16 @@ def td_advantage(reward: torch.Tensor, value: torch.Tensor, next_value: torch.Te
 
 
 def broadcast_to_tokens(per_turn: torch.Tensor, token_turn: torch.Tensor) -> torch.Tensor:
-    """Give every token its turn's value: ``out[b, t] = per_turn[token_turn[b, t]]``, 0 where -1.
+    """Give every scored token its utterance's value: ``out[m] = per_turn[token_turn[m]]``.
 
     Args:
         per_turn: ``(N,)`` one value per utterance (flat over the batch).
-        token_turn: ``(B, T)`` long; index into ``per_turn`` for policy tokens, -1 elsewhere.
+        token_turn: ``(M,)`` long; the flat utterance index of each scored token (``PackedBatch.token_turn``).
 
     Returns:
-        ``(B, T)``.
+        ``(M,)``.
     """
-    idx = token_turn.clamp(min=0)
-    return torch.where(token_turn >= 0, per_turn[idx], torch.zeros((), dtype=per_turn.dtype))
+    return per_turn[token_turn]
 
 
 def hl_gauss_target(value: torch.Tensor, support: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -146,17 +145,21 @@ def warmup_lr(base_lr: float, steps_done: int, warmup_steps: int) -> float:
     return base_lr * min(1.0, (steps_done + 1) / warmup_steps)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy ``-sum_v p_v log p_v`` of ``(..., V)`` logits, shape ``(...)``."""
+def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                               entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each target token, ``log softmax(logits)[m, targets[m]]``, and optionally the
+    entropy ``-sum_v p_v log p_v`` of each position, from one fp32 log-softmax.
+
+    Args:
+        logits: ``(M, V)`` at the scored positions only (``PackedBatch.score_mask``).
+        targets: ``(M,)`` long, the token each position predicts.
+
+    Returns:
+        ``(M,)`` log-probs and ``(M,)`` entropies (``None`` unless ``entropy``).
+    """
     logp = F.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Log-prob of each next token: ``out[b, t] = log p(input_ids[b, t+1] | ids[b, :t+1])``,
-    aligned so ``out[:, t]`` scores token ``t + 1``; shape ``(B, T - 1)``."""
-    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    chosen = logp.gather(-1, targets[:, None]).squeeze(-1)
+    return chosen, (-(logp.exp() * logp).sum(dim=-1) if entropy else None)
 
 
 # ----- critic-free advantages ----------------------------------------------------------------

@@ -69,13 +69,13 @@ def turn_advantages(trajs: list[Trajectory], rewards: list[list[float]], cfg: PG
     step_returns, step_episode, groups, keys = [], [], [], []
     for i, (t, r) in enumerate(zip(trajs, rewards)):
         g = Fn.discounted_returns(torch.tensor(r, dtype=torch.float32), cfg.gamma) if r else torch.zeros(0)
-        prev_key = t.metadata.get("initial_state_key", "start")
         for k, turn in enumerate(t.turns):
             step_returns.append(float(g[k]))
             step_episode.append(i)
             groups.append(i // n)
-            keys.append(prev_key)  # the state the action was taken FROM
-            prev_key = turn.info.get("state_key", f"{i}:{k}")
+            # the state the action was taken from, recorded by the rollout; a turn without one
+            # (an env with no state key) gets a key of its own, so it is compared with no other
+            keys.append(turn.info.get("anchor_state_key") or f"{i}:{k}")
     a = Fn.gigpo_advantages(grouped, torch.tensor(step_returns), torch.tensor(step_episode, dtype=torch.long),
                             groups, keys, cfg.step_weight, cfg.scale_by_std)
     out, j = [], 0
@@ -112,7 +112,7 @@ class PGTrainer(OnlineTrainer):
         metrics.update(advantage_stats(adv))
         # all-equal groups carry no signal: skip the update (jointly across ranks), keep the data count
         if self.ctx.any_rank(bool(adv.abs().sum() > 0)):
+            token_adv = Fn.broadcast_to_tokens(adv, batch.token_turn)
             with self.weights_lock():
-                metrics.update(actor_update(self.model, self.actor_opt, batch, adv[batch.token_turn], ref_logprobs, cfg,
-                                            self.gen, self.ctx))
+                metrics.update(actor_update(self.model, self.actor_opt, batch, token_adv, ref_logprobs, cfg, self.gen, self.ctx))
         return self.finish_step(metrics)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
+from turngym.trainers import functional as Fn
 from turngym.types import Trajectory
 
 
@@ -215,8 +215,6 @@ def score(model: torch.nn.Module, batch: PackedBatch, *, entropy: bool = False, 
     )
     h = out.last_hidden_state
     mask = batch.score_mask.to(device)
-    logits = head(h[mask]).float()  # (M, V)
-    logp_all = F.log_softmax(logits, dim=-1)
-    logprobs = logp_all.gather(-1, batch.targets.to(device)[mask][:, None]).squeeze(-1)
-    ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
+    logits = head(h[mask])  # (M, V): the head runs only where a policy token is predicted
+    logprobs, ent = Fn.token_logprobs_and_entropy(logits, batch.targets.to(device)[mask], entropy)
     return ScoredBatch(logprobs=logprobs, entropy=ent, hidden=h if hidden else None)
