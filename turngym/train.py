@@ -14,6 +14,7 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.config import apply_overrides, describe, knob, load_yaml
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
+from turngym.trainers.checkpoint import has_checkpoint
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
 from turngym.trainers.pg import ALGOS, PGConfig, PGTrainer
@@ -107,8 +109,12 @@ def save_final_model(policy: Any, path: Path) -> Path:
     model = policy.model
     if hasattr(model, "merge_and_unload"):
         model = copy.deepcopy(model).merge_and_unload()
-    model.save_pretrained(path)
-    policy.tokenizer.save_pretrained(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    policy.tokenizer.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)  # a kill from here to the rename leaves no folder: the stage reruns
+    tmp.rename(path)
     return path
 
 
@@ -138,11 +144,15 @@ class _Stages:
 
     def finish(self, name: str, result: Any) -> None:
         self.data[name] = result
-        if not self.write:
-            return
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2))
-        tmp.replace(self.path)
+        if self.write:
+            _write_json(self.path, self.data)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Write a JSON file so a kill at any instant leaves the old content or the new (``os.replace``)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
 
 
 def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None) -> dict:
@@ -185,7 +195,9 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None)
         if not stages.done("sft"):
             result = sft(policy, cfg.env_id, cfg.sft, env_kwargs=train_kwargs, progress=progress and main)
             if main:
-                torch.save(policy.model.state_dict(), sft_weights)
+                tmp = sft_weights.with_name(sft_weights.name + ".tmp")
+                torch.save(policy.model.state_dict(), tmp)
+                os.replace(tmp, sft_weights)
                 stages.finish("sft", result)
             ctx.barrier()
         else:
@@ -196,12 +208,14 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None)
             say(_line("after SFT", stages.data["eval_sft"]))
 
     rl_cfg = cfg.archer if cfg.algo == "archer" else cfg.pg
-    if rl_cfg.iterations > 0 and not stages.done("rl"):
+    if rl_cfg.iterations > 0 and not stages.done("eval_final"):
+        # The trainer resumes from its checkpoint; after a finished run (a kill came after the RL
+        # stage) it only reloads the trained weights, for the final model and evaluation.
         trainer_cls = ArcherTrainer if cfg.algo == "archer" else PGTrainer
         trainer = trainer_cls(policy, cfg.env_id, rl_cfg, env_kwargs=train_kwargs, out_dir=out / cfg.algo, ctx=ctx)
         logger = None
         if main:
-            logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=(out / cfg.algo / "checkpoint").exists())
+            logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=has_checkpoint(out / cfg.algo / "checkpoint"))
         trainer.train(logger=logger, progress=progress)
         if logger is not None:
             logger.close()
@@ -209,8 +223,7 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None)
         if main:
             save_final_model(policy, out / "final_model")
         held_out("final")
-        say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
-    elif rl_cfg.iterations > 0:
+    if rl_cfg.iterations > 0:
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
 
     summary = {
@@ -220,7 +233,7 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None)
         "wall_s_this_run": time.perf_counter() - t0,
     }
     if main:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        _write_json(out / "summary.json", summary)
         _stage_plot(stages.data, out / "stages.png", cfg)
     return summary
 

@@ -1,13 +1,15 @@
 """Checkpoints that resume exactly: weights, optimizers, critic, replay buffer, RNGs, counters.
 
-A checkpoint is one directory written to ``<dir>.tmp`` and renamed into place, so a run killed
-while saving leaves the previous checkpoint intact.
+A checkpoint is a directory holding one file, ``state.pt``. It is written to a temporary file beside
+it and moved over the old one with ``os.replace``, which is atomic: a run killed at any instant
+leaves either the previous checkpoint or the new one, never a mix, and never a state from which
+the next save fails.
 """
 
 from __future__ import annotations
 
+import os
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +28,25 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` (tensors, state dicts, plain data) atomically to the directory ``path``.
+    """Write ``state`` (tensors, state dicts, plain data) atomically to ``path/state.pt``.
 
     ``state["model"]`` may be a module: only its trainable state is needed for LoRA, but the
     full state dict is small for the models we train on CPU, so we keep it simple and exact.
     """
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    torch.save({**state, "rng": rng_state()}, tmp / "state.pt")
-    old = path.with_name(path.name + ".old")
-    if path.exists():
-        path.rename(old)
-    tmp.rename(path)
-    if old.exists():
-        shutil.rmtree(old)
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / f"state.pt.tmp{os.getpid()}"
+    torch.save({**state, "rng": rng_state()}, tmp)
+    os.replace(tmp, path / "state.pt")  # the swap: old or new, whenever a kill comes
+    for stale in path.glob("state.pt.tmp*"):  # left by saves that were killed mid-write
+        stale.unlink(missing_ok=True)
     return path
+
+
+def has_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` holds a complete checkpoint (a killed first save leaves none)."""
+    path = Path(path)
+    return (path / "state.pt").exists() or (path.with_name(path.name + ".old") / "state.pt").exists()
 
 
 def load_checkpoint(path: str | Path, restore_rng: bool = True) -> dict[str, Any]:
@@ -55,7 +58,7 @@ def load_checkpoint(path: str | Path, restore_rng: bool = True) -> dict[str, Any
     path = Path(path)
     f = path / "state.pt"
     if not f.exists():
-        old = path.with_name(path.name + ".old") / "state.pt"  # killed between the two renames
+        old = path.with_name(path.name + ".old") / "state.pt"  # a checkpoint from before the atomic swap
         if not old.exists():
             raise FileNotFoundError(f"no checkpoint at {path}")
         f = old

@@ -18,7 +18,9 @@ class MetricsLogger:
         tensorboard: Also write TensorBoard events when ``tensorboard`` is importable.
         wandb_project: Also log to Weights & Biases when ``wandb`` is importable and this (or
             ``$WANDB_PROJECT``) is set.
-        resume: Append to an existing ``metrics.jsonl`` instead of starting it afresh.
+        resume: Append to an existing ``metrics.jsonl`` instead of starting it afresh. A resumed
+            trainer then calls ``truncate(step)`` with its checkpoint's step, so rows logged after
+            that checkpoint (by a run killed before its next save) are not repeated.
     """
 
     def __init__(self, out_dir: str | Path, tensorboard: bool = True, wandb_project: str | None = None,
@@ -58,15 +60,38 @@ class MetricsLogger:
             self.wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
 
     def rows(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return _read_rows(self.path)
+
+    def truncate(self, step: int) -> None:
+        """Keep only the rows up to ``step`` (and no torn last line): the run resumes from there."""
+        kept = [r for r in self.rows() if r.get("step", 0) <= step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(self.path)
+        if self.tb is not None:  # TensorBoard drops its events past the resumed step the same way
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb.close()
+            self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=step + 1)
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def _read_rows(path: Path) -> list[dict]:
+    """The logged rows; a last line cut short by a kill is dropped."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
 
 
 def plot_learning_curve(rows: list[dict], path: str | Path, keys: tuple[str, ...] = ("rollout/success",),

@@ -96,6 +96,7 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
     probe = gym.make(env_id, **(env_kwargs or {}))
     desc = describe_env(probe)
     probe.close()
+    torch.manual_seed(cfg.seed)  # e.g. LoRA's initialisation: a resumed pipeline must redo SFT identically
     experts = expert_trajectories(env_id, cfg.episodes, env_kwargs, cfg.seed)
     if not experts:
         raise RuntimeError(f"the oracle of {env_id} solved no episode; nothing to imitate")

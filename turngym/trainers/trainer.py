@@ -37,7 +37,7 @@ from turngym.config import knob
 from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict
 from turngym.rollout import AsyncCollector, EpisodeSpec, make_env_factory, rollout
 from turngym.trainers.actor import frozen_copy, prepare_trainable
-from turngym.trainers.checkpoint import load_checkpoint, save_checkpoint
+from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
 from turngym.types import Trajectory
@@ -277,11 +277,13 @@ class OnlineTrainer:
         """
         if not self._ready:
             self.setup()
-        resumed = resume and self.ckpt_dir.exists() and self.load(self.ckpt_dir)
+        resumed = resume and has_checkpoint(self.ckpt_dir) and self.load(self.ckpt_dir)
         main = self.ctx.is_main
         own_logger = logger is None and main
         if own_logger:
             logger = MetricsLogger(self.out_dir, config=asdict(self.cfg), resume=bool(resumed))
+        if logger is not None and main:
+            logger.truncate(self.iteration)  # rows past the checkpoint are replayed, not repeated
         cfg = self.cfg
         bar = tqdm(total=cfg.iterations, initial=self.iteration, desc=self.name, disable=not (progress and main))
         rows = []
