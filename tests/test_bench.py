@@ -193,3 +193,57 @@ def test_retry_errors_replays_only_errored_episodes(tmp_path):
                     on_chunk=lambda e, rs: played.extend(r["index"] for r in rs))
     assert played == [2] and res["envs"][TOY]["errors"] == 0 and res["envs"][TOY]["success"] == 1.0
     assert res["envs"][TOY]["episodes"] == 4 and len(_log_keys(tmp_path)) == 5  # the later record wins
+
+
+def _bench_proc(out, *extra):
+    """``turngym bench`` on the real LMRL suite, as its own process (so it can be SIGKILLed)."""
+    import os
+    import subprocess
+    import sys
+
+    args = ["bench", "--suite", "lmrl", "--agent", "random", "--episodes", "6", "--workers", "2", "--chunk", "2",
+            "--out", str(out), "--quiet", *extra]
+    code = "import sys; from turngym.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", code, *args], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _descendants(pid: int) -> set[int]:
+    import psutil
+
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def _episodes(out) -> dict:
+    recs = [json.loads(x) for x in (out / LOG_NAME).read_text().splitlines()]
+    return {(r["env"], r["index"]): [t["action_text"] for t in r["trajectory"]["turns"]] for r in recs}
+
+
+def test_sigkilled_bench_leaves_no_worker_and_resumes_to_the_uninterrupted_episodes(tmp_path):
+    import signal
+    import time
+
+    import psutil
+
+    whole = _bench_proc(tmp_path / "whole")
+    assert whole.wait(timeout=600) == 0, whole.stderr.read()[-2000:]
+    proc = _bench_proc(tmp_path / "killed")
+    log = tmp_path / "killed" / LOG_NAME
+    deadline = time.monotonic() + 300
+    workers: set[int] = set()
+    while not (workers and log.exists() and log.read_text().count("\n") >= 3):  # mid-run, env workers up
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before the kill"
+        time.sleep(0.02)
+        workers = _descendants(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    gone = time.monotonic() + 30  # a hang guard: the workers notice their parent's death within a second
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers):
+        assert time.monotonic() < gone, f"workers outlived the killed runner: {sorted(workers)}"
+        time.sleep(0.1)
+    resumed = _bench_proc(tmp_path / "killed")
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()[-2000:]
+    assert _episodes(tmp_path / "killed") == _episodes(tmp_path / "whole")

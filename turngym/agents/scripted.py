@@ -6,6 +6,7 @@ They go through the same ``Policy.act`` interface as LLM policies. Each asks its
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 from turngym.agents.base import Conversation, SamplingParams
@@ -31,7 +32,12 @@ class OracleAgent:
 
 
 class RandomAgent:
-    """Plays a uniformly random admissible action (falls back to random text when none are known)."""
+    """Plays a uniformly random admissible action (falls back to random text when none are known).
+
+    With ``sampling.seed`` set, each choice is seeded by (seed, the conversation so far), like the LLM
+    policies' per-row seeds: an episode plays the same whatever else shares its batch, so a killed and
+    resumed benchmark equals an uninterrupted one. Without it, one generator seeded by ``seed`` runs on.
+    """
 
     env_kwargs = {"scripted_hints": True}
 
@@ -39,12 +45,22 @@ class RandomAgent:
         self.rng = random.Random(seed)
 
     def act(self, conversations: list[Conversation], sampling: SamplingParams | None = None) -> list[Utterance]:
-        out = []
+        out, seen = [], {}
         for conv in conversations:
+            rng = self.rng
+            if sampling is not None and sampling.seed is not None:
+                h = _row_seed(sampling.seed, conv)
+                seen[h] = seen.get(h, -1) + 1  # identical conversations in one batch still differ
+                rng = random.Random(h + seen[h])
             choices = conv.info.get("admissible_actions")
             if choices:
-                out.append(Utterance(text=self.rng.choice(choices)))
+                out.append(Utterance(text=rng.choice(choices)))
             else:
-                n = self.rng.randint(1, 20)
-                out.append(Utterance(text="".join(self.rng.choice("abcdefghij <>{}") for _ in range(n))))
+                n = rng.randint(1, 20)
+                out.append(Utterance(text="".join(rng.choice("abcdefghij <>{}") for _ in range(n))))
         return out
+
+
+def _row_seed(seed: int, conv: Conversation) -> int:
+    transcript = repr((seed, [(m.role, m.content) for m in conv.messages]))
+    return int.from_bytes(hashlib.blake2b(transcript.encode(), digest_size=8).digest(), "little")

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from turngym.agents.base import Policy, SamplingParams
 from turngym.bench.suites import SuiteEntry, get_suite
 from turngym.rollout import EpisodeSpec, episode_specs, make_env_factory, rollout
+from turngym.rollout.handles import exit_with_parent
 
 LOG_NAME, CONFIG_NAME = "episodes.jsonl", "config.json"
 Record = dict[str, Any]
@@ -306,8 +307,9 @@ def _run_serial(policy, work, chunk, cfg, log, on_chunk) -> None:
 _POOL_POLICY: Policy | None = None
 
 
-def _pool_init(blob: bytes) -> None:
+def _pool_init(blob: bytes, parent_pid: int) -> None:
     global _POOL_POLICY
+    exit_with_parent(parent_pid)  # a SIGKILLed runner leaves no pool process (nor, in turn, env workers)
     _POOL_POLICY = pickle.loads(blob)
 
 
@@ -322,7 +324,7 @@ def _run_pool(policy, work, chunk, cfg, log, on_chunk) -> None:
     except Exception as e:
         raise BenchError(f"--jobs > 1 needs a picklable agent (scripted agents are): {e}") from e
     total = sum(len(t) for _, t in work)
-    with ProcessPoolExecutor(cfg.jobs, initializer=_pool_init, initargs=(blob,)) as pool, \
+    with ProcessPoolExecutor(cfg.jobs, initializer=_pool_init, initargs=(blob, os.getpid())) as pool, \
             tqdm(total=total, desc=f"{cfg.suite} ({cfg.jobs} jobs)", unit="ep", disable=not cfg.progress) as bar:
         futures = {pool.submit(_pool_play, plan, items, cfg): plan for plan, todo in work for items in _chunks(todo, chunk)}
         try:

@@ -21,7 +21,10 @@ on I/O step at once), ``"subprocess"`` (``SubprocessEnv``) or ``"ray"``
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
 import threading
+import time
 import traceback
 from typing import Any, Callable, Protocol
 
@@ -205,7 +208,26 @@ class LocalEnv(BlockingCalls):
         self.env.close()
 
 
-def _worker_main(conn, make_env: EnvFactory) -> None:
+def exit_with_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """End this process (and its process group, if it leads one) soon after ``parent_pid`` is gone.
+
+    A parent killed by SIGKILL runs no cleanup, so its workers must notice by themselves: a daemon
+    thread checks ``os.getppid()`` (the parent's death re-parents us). Polling, unlike Linux's
+    parent-death signal, does not fire when merely the parent's *thread* that started us exits.
+    """
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        if os.getpgid(0) == os.getpid():  # a group leader: the env's own children go with it
+            os.killpg(0, signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _worker_main(conn, make_env: EnvFactory, parent_pid: int) -> None:
+    os.setpgid(0, 0)  # own process group: killing it also ends what the env started (interpreters, shells)
+    exit_with_parent(parent_pid)
     env = make_env()
     while True:
         try:
@@ -246,7 +268,7 @@ class SubprocessEnv(BlockingCalls):
 
     def _start(self) -> None:
         self._conn, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_worker_main, args=(child, self._make), daemon=True)
+        self._proc = self._ctx.Process(target=_worker_main, args=(child, self._make, os.getpid()), daemon=True)
         self._proc.start()
         child.close()
 
@@ -308,7 +330,10 @@ class SubprocessEnv(BlockingCalls):
 
     def _kill(self) -> None:
         if self._proc.is_alive():
-            self._proc.kill()
+            try:  # the worker's whole group: a hung env's own children must not outlive it
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self._proc.kill()
         self._proc.join(timeout=5)
         self._conn.close()
 
