@@ -44,8 +44,10 @@ def test_results_match_rule():
     assert results_match([(1,), (2,), (2,)], [(2,), (1,), (2,)], ordered=False)
     assert not results_match([(1,), (2,)], [(1,), (2,), (2,)], ordered=False)  # multiset, not set
     assert not results_match([(2,), (1,)], [(1,), (2,)], ordered=True)
-    assert results_match([(3, 0.1 + 0.2)], [(3.0, 0.3)], ordered=True)  # float noise and 3 == 3.0
-    assert not results_match([(1, 2)], [(2, 1)], ordered=False)  # columns compare by position
+    assert results_match([(3, 0.5)], [(3.0, 0.5)], ordered=True)  # 3 == 3.0, as in Python
+    assert not results_match([(3, 0.1 + 0.2)], [(3, 0.3)], ordered=True)  # no rounding (official rule)
+    assert results_match([(1, 2)], [(2, 1)], ordered=False)  # column order is ignored by default...
+    assert not results_match([(1, 2)], [(2, 1)], ordered=False, strict=True)  # ...but not when strict
 
 
 def test_row_f1_by_hand():
