@@ -51,7 +51,7 @@ json_group_object -> ->>
 _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
 MAX_VALUE_BYTES = 100_000  # per value; instr/replace take ~0.1 s at this size, ~12 s at 1 MB
 MAX_SQL_BYTES = 100_000  # per query text
-MAX_RESULT_BYTES = 8_000_000  # per result (what submit may hold); about 8x Spider's largest gold
+MAX_RESULT_BYTES = 8_000_000  # per result (what submit may hold): 10,000 rows of 800 bytes
 MAX_STUCK = 2  # abandoned statements still running before new queries are refused
 _PRINTF_SPEC = re.compile(r"%[-+ 0#,!]*(\*|\d+)?(?:\.(\*|\d*))?(?:ll|l)?(.)", re.DOTALL)
 
