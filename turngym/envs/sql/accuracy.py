@@ -21,38 +21,15 @@ The rule (used for the reward) is the official Spider execution metric's (``resu
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterator
 
-_ORDER_BY = re.compile(r"\border\s+by\b", re.IGNORECASE)
 MAX_PERMUTATIONS = 50_000  # column permutations tried before giving up (identical columns are pruned first)
 
 
 def order_matters(gold_sql: str) -> bool:
     """Whether row order counts, by the official rule: ``"order by" in gold_sql.lower()``."""
     return "order by" in gold_sql.lower()
-
-
-def strip_sql_literals(sql: str) -> str:
-    """``sql`` with string literals, quoted identifiers and comments blanked out."""
-    sql = re.sub(r"--[^\n]*", " ", sql)
-    sql = re.sub(r"/\*.*?\*/", " ", sql, flags=re.DOTALL)
-    return re.sub(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`|\[[^\]]*\]", "''", sql)
-
-
-def has_top_level_order_by(sql: str) -> bool:
-    """True when ``sql`` has an ``ORDER BY`` outside every parenthesis (it orders the result)."""
-    text = strip_sql_literals(sql)
-    depth = 0
-    flat = []
-    for ch in text:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        flat.append(ch if depth == 0 and ch not in "()" else " ")
-    return bool(_ORDER_BY.search("".join(flat)))
 
 
 def _unordered(row: tuple) -> tuple:
