@@ -25,9 +25,11 @@ The source database file is therefore never written, which the isolation tests c
 
 from __future__ import annotations
 
+import queue
 import re
 import sqlite3
 import threading
+import weakref
 from pathlib import Path
 
 READ_ONLY_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_list", "index_info", "foreign_key_list"})
@@ -61,10 +63,10 @@ class SQLError(Exception):
 
 
 class _Job:
-    """One statement's run on a worker thread; the caller reads the outcome when ``done`` is set."""
+    """One statement for the worker thread; the caller reads the outcome once ``done`` is set."""
 
-    def __init__(self, sql: str, limit: int) -> None:
-        self.sql, self.limit = sql, limit
+    def __init__(self, sql: str, limit: int, max_bytes: int) -> None:
+        self.sql, self.limit, self.max_bytes = sql, limit, max_bytes
         self.done = threading.Event()
         self.abandoned = False
         self.cols: list[str] = []
@@ -73,8 +75,69 @@ class _Job:
         self.error: BaseException | None = None
 
 
+class _Callbacks:
+    """The connection's authorizer and ``printf`` override. Kept apart from ``ReadOnlyDB`` so that
+    a worker thread, which holds the connection, does not keep the ``ReadOnlyDB`` alive."""
+
+    def __init__(self) -> None:
+        self.reads: set[str] | None = None  # tables read by the statement being compiled, when recording
+        self.printf_conn = _limited(sqlite3.connect(":memory:", check_same_thread=False))
+        self.printf_lock = threading.Lock()
+
+    def authorize(self, action: int, arg1, arg2, dbname, source) -> int:
+        if action == sqlite3.SQLITE_READ and self.reads is not None:
+            self.reads.add(str(arg1).lower())
+        if action in _ALLOWED_ACTIONS:
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_FUNCTION:
+            return sqlite3.SQLITE_OK if str(arg2).lower() in ALLOWED_FUNCTIONS else sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_PRAGMA and str(arg1).lower() in READ_ONLY_PRAGMAS:
+            return sqlite3.SQLITE_OK
+        return sqlite3.SQLITE_DENY
+
+    def printf(self, fmt, *args):
+        """SQLite's own ``printf``, run on a private connection once every width is checked."""
+        if isinstance(fmt, str):
+            check_printf_sizes(fmt, args)
+        with self.printf_lock:
+            marks = ", ".join("?" * (1 + len(args)))
+            return self.printf_conn.execute(f"SELECT printf({marks})", (fmt, *args)).fetchone()[0]
+
+
+def _serve(inbox: queue.SimpleQueue, conn: sqlite3.Connection) -> None:
+    """A worker thread's loop: run jobs on ``conn`` until ``None`` arrives or a job is abandoned."""
+    try:
+        while (job := inbox.get()) is not None:
+            _execute(conn, job)
+            if job.abandoned:
+                break
+    finally:
+        conn.close()
+
+
+def _execute(conn: sqlite3.Connection, job: _Job) -> None:
+    try:
+        cur = conn.execute(job.sql)
+        job.cols = [d[0] for d in cur.description or []]
+        size = 0
+        for row in cur:  # row by row: a huge result is refused, never held
+            if len(job.rows) >= job.limit:
+                job.cut = "rows"
+                break
+            size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row)
+            if size > job.max_bytes:
+                job.cut = "bytes"
+                break
+            job.rows.append(row)
+        cur.close()
+    except BaseException as e:  # handed to the caller, who turns it into an SQLError
+        job.error = e
+    finally:
+        job.done.set()
+
+
 class ReadOnlyDB:
-    """One read-only connection to a SQLite file.
+    """One read-only connection to a SQLite file, served by one worker thread.
 
     Args:
         path: The database file (never modified).
@@ -88,14 +151,13 @@ class ReadOnlyDB:
         if not self.path.is_file():
             raise FileNotFoundError(f"no database file at {self.path}")
         self.timeout_s, self.max_rows, self.max_bytes = timeout_s, max_rows, max_bytes
-        self._printf_conn = _limited(sqlite3.connect(":memory:", check_same_thread=False))
-        self._printf_lock = threading.Lock()
-        self._reads: set[str] | None = None
+        self._cb = _Callbacks()
         self._reads_memo: dict[str, frozenset[str]] = {}
         self._stuck: list[threading.Thread] = []
-        self.conn = self._connect()
+        self._start()
 
-    def _connect(self) -> sqlite3.Connection:
+    def _start(self) -> None:
+        """A fresh connection and the worker thread that owns it."""
         uri = f"{self.path.resolve().as_uri()}?mode=ro"
         conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA query_only=ON")
@@ -103,53 +165,14 @@ class ReadOnlyDB:
         if hasattr(conn, "enable_load_extension"):  # absent when Python was built without it
             conn.enable_load_extension(False)
         for name in ("printf", "format"):
-            conn.create_function(name, -1, self._printf, deterministic=True)
-        conn.set_authorizer(self._authorize)
-        return conn
+            conn.create_function(name, -1, self._cb.printf, deterministic=True)
+        conn.set_authorizer(self._cb.authorize)
+        self.conn, self._inbox = conn, queue.SimpleQueue()
+        self._worker = threading.Thread(target=_serve, args=(self._inbox, conn), name="turngym-sql", daemon=True)
+        self._worker.start()
+        weakref.finalize(self, self._inbox.put, None)  # a dropped ReadOnlyDB stops its worker
 
-    def _authorize(self, action: int, arg1, arg2, dbname, source) -> int:
-        if action == sqlite3.SQLITE_READ and self._reads is not None:
-            self._reads.add(str(arg1).lower())
-        if action in _ALLOWED_ACTIONS:
-            return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_FUNCTION:
-            return sqlite3.SQLITE_OK if str(arg2).lower() in ALLOWED_FUNCTIONS else sqlite3.SQLITE_DENY
-        if action == sqlite3.SQLITE_PRAGMA and str(arg1).lower() in READ_ONLY_PRAGMAS:
-            return sqlite3.SQLITE_OK
-        return sqlite3.SQLITE_DENY
-
-    def _printf(self, fmt, *args):
-        """SQLite's own ``printf``, run on a private connection once every width is checked."""
-        if isinstance(fmt, str):
-            check_printf_sizes(fmt, args)
-        with self._printf_lock:
-            marks = ", ".join("?" * (1 + len(args)))
-            return self._printf_conn.execute(f"SELECT printf({marks})", (fmt, *args)).fetchone()[0]
-
-    # ----- running a statement --------------------------------------------------------------
-    def _execute(self, conn: sqlite3.Connection, job: _Job) -> None:
-        try:
-            cur = conn.execute(job.sql)
-            job.cols = [d[0] for d in cur.description or []]
-            size = 0
-            for row in cur:  # row by row: a huge result is refused, never held
-                if len(job.rows) >= job.limit:
-                    job.cut = "rows"
-                    break
-                size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row)
-                if size > self.max_bytes:
-                    job.cut = "bytes"
-                    break
-                job.rows.append(row)
-            cur.close()
-        except BaseException as e:  # handed to the caller, who turns it into an SQLError
-            job.error = e
-        finally:
-            job.done.set()
-            if job.abandoned:
-                conn.close()
-
-    def _wait(self, job: _Job, worker: threading.Thread, timeout_s: float) -> bool:
+    def _wait(self, job: _Job, timeout_s: float) -> bool:
         """Wait for ``job``; past the deadline interrupt it, and abandon it if that is ignored.
 
         Returns whether the job finished on its own (else it was stopped or abandoned).
@@ -159,9 +182,10 @@ class ReadOnlyDB:
         self.conn.interrupt()
         if job.done.wait(min(0.5, timeout_s)):
             return job.error is None  # it may have finished just before the interrupt
-        job.abandoned = True  # the worker closes that connection when its opcode finally ends
-        self._stuck.append(worker)
-        self.conn = self._connect()
+        job.abandoned = True  # the worker closes that connection and exits once the opcode ends
+        self._inbox.put(None)  # in case it finished before it could see ``abandoned``
+        self._stuck.append(self._worker)
+        self._start()
         return False
 
     def _submit(self, sql: str, limit: int, timeout_s: float | None) -> _Job:
@@ -177,10 +201,9 @@ class ReadOnlyDB:
         if len(self._stuck) >= MAX_STUCK:
             raise SQLError("the database is still stopping earlier queries that ran too long; try again shortly")
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        job = _Job(sql, limit)
-        worker = threading.Thread(target=self._execute, args=(self.conn, job), name="turngym-sql", daemon=True)
-        worker.start()
-        if not self._wait(job, worker, timeout_s):
+        job = _Job(sql, limit, self.max_bytes)
+        self._inbox.put(job)
+        if not self._wait(job, timeout_s):
             raise SQLError(f"query timed out after {timeout_s:g}s and was stopped")
         if job.error is not None:
             raise _as_sql_error(job.error)
@@ -219,12 +242,12 @@ class ReadOnlyDB:
         The statement is only compiled (``EXPLAIN``), never run. Raises ``SQLError`` if it fails.
         """
         if sql not in self._reads_memo:  # memoized: a cached statement skips the authorizer
-            self._reads = set()
+            self._cb.reads = set()
             try:
                 self._submit(f"EXPLAIN {sql}", 1_000_000, None)
-                self._reads_memo[sql] = frozenset(self._reads)
+                self._reads_memo[sql] = frozenset(self._cb.reads)
             finally:
-                self._reads = None
+                self._cb.reads = None
         return self._reads_memo[sql]
 
     def tables(self) -> list[str]:
@@ -239,8 +262,9 @@ class ReadOnlyDB:
         return [(r[1], r[2] or "") for r in rows]
 
     def close(self) -> None:
-        self.conn.close()
-        self._printf_conn.close()
+        """Stop the worker, which closes the connection (a stuck one closes its own when it ends)."""
+        self._inbox.put(None)
+        self._worker.join(timeout=5.0)  # it only runs a statement within the time limit
 
 
 def _limited(conn: sqlite3.Connection) -> sqlite3.Connection:
