@@ -66,6 +66,16 @@ def test_lone_surrogate_in_raw_xml_text_never_raises():
     assert "60" in obs[0].content
 
 
+def test_stored_text_that_is_not_utf8_is_read_not_fatal(tmp_path):
+    path = tmp_path / "bad.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE t(x TEXT)")
+    conn.execute("INSERT INTO t VALUES (CAST(x'41ff42' AS TEXT))")  # "A", an invalid byte, "B"
+    conn.commit()
+    conn.close()
+    assert ReadOnlyDB(path).run("SELECT x FROM t")[1] == [("AB",)]
+
+
 def test_query_text_over_the_cap_is_an_error(db):
     with pytest.raises(SQLError, match="limit is"):
         db.run("SELECT '" + "x" * (sandbox.MAX_SQL_BYTES + 1) + "'")

@@ -18,7 +18,8 @@ The agent's SQL runs on a connection that cannot change anything or leave its bu
   precision of ``%c`` even when the output is already too big);
 - results are fetched row by row and capped at ``max_rows`` rows and ``max_bytes`` bytes, so a
   huge result is refused without ever being held in memory;
-- SQL text that is not valid Unicode (a lone surrogate) is an error, not an exception.
+- SQL text that is not valid Unicode (a lone surrogate) is an error, not an exception, and
+  stored text that is not valid UTF-8 is read with its bad bytes dropped.
 
 The source database file is therefore never written, which the isolation tests check by hash.
 """
@@ -161,6 +162,9 @@ class ReadOnlyDB:
         uri = f"{self.path.resolve().as_uri()}?mode=ro"
         conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA query_only=ON")
+        # text that is not valid UTF-8 (third-party data) loses its bad bytes instead of failing
+        # the query; the official Spider evaluator decodes the same way
+        conn.text_factory = _decode_text
         _limited(conn)
         if hasattr(conn, "enable_load_extension"):  # absent when Python was built without it
             conn.enable_load_extension(False)
@@ -272,6 +276,10 @@ def _limited(conn: sqlite3.Connection) -> sqlite3.Connection:
     conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES + 16)  # + room for "EXPLAIN "
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     return conn
+
+
+def _decode_text(b: bytes) -> str:
+    return b.decode("utf-8", errors="ignore")
 
 
 def check_printf_sizes(fmt: str, args: tuple) -> None:
