@@ -284,3 +284,18 @@ def test_hotpot_hugging_face_layout_plays_an_episode(tmp_path):
     kw = {"split": "all", "hotpot_file": str(tmp_path / "hf.jsonl")}
     em, trajs = _success("turngym/Search-hotpotqa-v0", OracleAgent(), ["q1"], **kw)
     assert em == 1.0 and trajs[0].turns[-1].info["f1"] == 1.0
+
+
+@needs_bm25
+def test_hotpot_text_with_a_lone_surrogate_never_raises(tmp_path):
+    # json.dumps escapes the lone surrogate as \ud800, which json.loads turns back into one
+    record = {**_OFFICIAL, "context": [["Bad \ud800 Title", ["Broken \udc80 text."]], *_OFFICIAL["context"]]}
+    (tmp_path / "odd.jsonl").write_text(json.dumps(record) + "\n")
+    env = turngym.make("turngym/Search-hotpotqa-v0", split="all", hotpot_file=str(tmp_path / "odd.jsonl"), tool_format="hermes").unwrapped
+    assert env.qa.docs[0].title == "Bad \ufffd Title" and env.qa.docs[0].text == "Broken \ufffd text."  # made valid at load
+    env.reset(seed=0, options={"task_id": "q1"})
+    for name, args in (("search", {"query": "Bad Title"}), ("open", {"title_or_id": "hp00000"}), ("answer", {"text": "Ure"})):
+        obs, reward, terminated, _, info = env.step("<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>")
+        obs[0].content.encode("utf-8")  # observations are valid UTF-8
+        assert isinstance(info["state_key"], str)
+    assert terminated and reward == 1.0

@@ -15,7 +15,8 @@ layouts of a record are read:
 - the Hugging Face ``hotpot_qa`` one: ``id``; ``context`` = ``{"title": [...], "sentences":
   [[...], ...]}``; ``supporting_facts`` = ``{"title": [...], "sent_id": [...]}``.
 
-Anything else is a ``ValueError`` naming the file, the record and the field.
+Anything else is a ``ValueError`` naming the file, the record and the field. Lone surrogates in
+the text (valid JSON, invalid Unicode) become U+FFFD.
 """
 
 from __future__ import annotations
@@ -181,13 +182,24 @@ def hotpot_suite(path: str | Path) -> QASuite:
         except ValueError as e:
             raise ValueError(f"{path}: record {i}: {e}") from None
         for title, sentences in context:
+            title = _valid_unicode(title)
             if title not in by_title:
-                text = "".join(sentences).strip()
+                text = _valid_unicode("".join(sentences).strip())
                 by_title[title] = Doc(f"hp{len(by_title):05d}", title, text)
-        qid = r.get("_id", r.get("id"))
-        suite.tasks.append(QATask(str(qid), str(r["question"]), str(r["answer"]), gold, str(r.get("type", "default"))))
+        qid, gold = _valid_unicode(str(r.get("_id", r.get("id")))), tuple(_valid_unicode(t) for t in gold)
+        question, answer = _valid_unicode(str(r["question"])), _valid_unicode(str(r["answer"]))
+        suite.tasks.append(QATask(qid, question, answer, gold, str(r.get("type", "default"))))
     suite.docs = list(by_title.values())
     return suite
+
+
+def _valid_unicode(s: str) -> str:
+    """``s`` with lone surrogates (``json.loads`` accepts ``"\\ud800"``) replaced by U+FFFD."""
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def hotpot_record_parts(r: object) -> tuple[list[tuple[str, list[str]]], tuple[str, ...]]:
