@@ -113,7 +113,7 @@ def test_dispatch_never_raises_on_hostile_calls(name, call, message):
 def test_dispatch_output_is_valid_utf8_and_huge_strings_pass_through():
     reg = ToolRegistry([echo, leak])
     out = reg.dispatch(ToolCall("1", "leak", {}))
-    assert not out.is_error and out.content == "bad ? text"
+    assert not out.is_error and out.content == "bad \ufffd text"
     big = reg.dispatch(ToolCall("2", "echo", {"text": "y" * 5_000_000}))
     assert not big.is_error and "output truncated" in big.content
 

@@ -375,15 +375,20 @@ def _invalid_json_text(value: Any) -> str | None:
     return None
 
 
-def _valid_text(s: str | None) -> str | None:
-    if s is None:
-        return None
-    s = s if isinstance(s, str) else str(s)
+def valid_unicode(s: str) -> str:
+    """``s`` with lone surrogates replaced by U+FFFD, so it encodes as UTF-8.
+
+    ``json.loads`` accepts ``"\\ud800"``, so model replies and third-party data can hold them.
+    """
     try:
         s.encode("utf-8")
         return s
     except UnicodeEncodeError:
-        return s.encode("utf-8", "replace").decode("utf-8")
+        return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _valid_text(s: object) -> str | None:
+    return None if s is None else valid_unicode(s if isinstance(s, str) else str(s))
 
 
 def _short(s: str, n: int = 120) -> str:

@@ -27,6 +27,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from turngym.tools.base import valid_unicode
+
 _SYL = ["ar", "bel", "cor", "dun", "el", "fal", "gor", "hal", "ith", "jor", "kel", "lun", "mor", "nex", "ol",
         "pra", "quor", "ril", "sev", "tal", "um", "var", "wyn", "xal", "yor", "zen", "bra", "dra", "fen", "gla"]
 
@@ -182,24 +184,15 @@ def hotpot_suite(path: str | Path) -> QASuite:
         except ValueError as e:
             raise ValueError(f"{path}: record {i}: {e}") from None
         for title, sentences in context:
-            title = _valid_unicode(title)
+            title = valid_unicode(title)
             if title not in by_title:
-                text = _valid_unicode("".join(sentences).strip())
+                text = valid_unicode("".join(sentences).strip())
                 by_title[title] = Doc(f"hp{len(by_title):05d}", title, text)
-        qid, gold = _valid_unicode(str(r.get("_id", r.get("id")))), tuple(_valid_unicode(t) for t in gold)
-        question, answer = _valid_unicode(str(r["question"])), _valid_unicode(str(r["answer"]))
+        qid, gold = valid_unicode(str(r.get("_id", r.get("id")))), tuple(valid_unicode(t) for t in gold)
+        question, answer = valid_unicode(str(r["question"])), valid_unicode(str(r["answer"]))
         suite.tasks.append(QATask(qid, question, answer, gold, str(r.get("type", "default"))))
     suite.docs = list(by_title.values())
     return suite
-
-
-def _valid_unicode(s: str) -> str:
-    """``s`` with lone surrogates (``json.loads`` accepts ``"\\ud800"``) replaced by U+FFFD."""
-    try:
-        s.encode("utf-8")
-        return s
-    except UnicodeEncodeError:
-        return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def hotpot_record_parts(r: object) -> tuple[list[tuple[str, list[str]]], tuple[str, ...]]:

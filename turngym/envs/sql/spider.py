@@ -35,6 +35,7 @@ from pathlib import Path
 from turngym.data.registry import cache_root
 from turngym.envs.sql.sandbox import MAX_RESULT_BYTES, ReadOnlyDB, SQLError
 from turngym.envs.sql.synthetic import SQLTask
+from turngym.tools.base import valid_unicode
 
 logger = logging.getLogger(__name__)
 LOADER_VERSION = "2"  # part of the cache key: bump it when the conversion changes (2: NULL token)
@@ -178,7 +179,7 @@ def load_spider(
     conns = {d: ReadOnlyDB(p, timeout_s=check_timeout_s, max_rows=max_rows, max_bytes=max_bytes) for d, p in dbs.items() if Path(p).exists()}
     try:
         for i, (db_id, question, sql) in enumerate(rows):
-            task = SQLTask(f"{db_id}-{i:04d}", db_id, dbs[db_id], question, sql, db_id)
+            task = SQLTask(f"{db_id}-{i:04d}", db_id, dbs[db_id], valid_unicode(question), sql, db_id)
             kind, reason = _check_gold(conns.get(db_id), sql, {t.lower() for t in missing.get(db_id, [])})
             if kind is None:
                 suite.tasks.append(task)
