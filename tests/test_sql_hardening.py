@@ -4,7 +4,6 @@ huge results; and the Spider loader on data it has not seen (NULL tokens, missin
 from __future__ import annotations
 
 import json
-import logging
 import sqlite3
 import threading
 
@@ -12,8 +11,13 @@ import pytest
 
 import turngym
 from turngym.envs.sql import sandbox
-from turngym.envs.sql.sandbox import ALLOWED_FUNCTIONS, MAX_VALUE_BYTES, ReadOnlyDB, SQLError, check_printf_sizes
-from turngym.envs.sql.spider import load_spider
+from turngym.envs.sql.sandbox import (
+    ALLOWED_FUNCTIONS,
+    MAX_VALUE_BYTES,
+    ReadOnlyDB,
+    SQLError,
+    check_printf_sizes,
+)
 
 
 @pytest.fixture(autouse=True)

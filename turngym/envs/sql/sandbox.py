@@ -11,7 +11,8 @@ The agent's SQL runs on a connection that cannot change anything or leave its bu
   the caller waits, then calls ``interrupt()``. SQLite only notices an interrupt between VM
   opcodes, and one opcode can run for minutes (a huge ``printf`` width, ``instr`` on 1 MB
   strings), so a statement that ignores the interrupt is abandoned on its thread and the
-  connection is replaced: the caller gets its error on time whatever the statement does;
+  connection is replaced: the caller gets its error within ``timeout_s`` + 0.5 s whatever the
+  statement does;
 - the known long single opcodes are bounded too, so an abandoned statement burns little CPU:
   values are capped at ``MAX_VALUE_BYTES`` (``instr``/``replace`` are quadratic in it) and
   ``printf``/``format`` refuse a width or precision above it (SQLite 3.40 loops over the

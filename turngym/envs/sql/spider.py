@@ -96,7 +96,9 @@ def build_csv_database(db_dir: Path, dest: Path) -> list[str]:
 
     Returns:
         The tables left without data (no CSV, or one that did not load), also written to
-        ``missing_tables_file(dest)``. Each is reported with a warning.
+        ``missing_tables_file(dest)`` so a cached build still knows them. A CSV that does not
+        load or matches no table is a warning here; ``load_spider`` warns about every table
+        without data on each load.
     """
     db_id = db_dir.name
     dest.parent.mkdir(parents=True, exist_ok=True)
