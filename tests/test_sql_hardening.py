@@ -1,5 +1,5 @@
-"""SQL sandbox against hostile queries: invalid Unicode, long single opcodes, denied functions,
-huge results; and the Spider loader on data it has not seen (NULL tokens, missing tables, caps)."""
+"""SQL sandbox against hostile queries: invalid Unicode, long single opcodes, denied functions and
+statements, huge results. (The Spider loader's hostile data is in test_spider_loader.py.)"""
 
 from __future__ import annotations
 
