@@ -226,3 +226,76 @@ def test_hotpotqa_oracle_gets_em_1(shared_data):
     rand, _ = _success("turngym/Search-hotpotqa-v0", RandomAgent(seed=0), env.task_ids, **kw)
     assert rand <= 0.1
     assert {env.task_type(t) for t in env.task_ids} == {"bridge", "comparison"}
+
+
+# ----- HotpotQA layouts (hand-made records) ------------------------------------------------------
+_PARAS = [("Ivo Marn", ["Ivo Marn is a painter.", " He was born in Selby."]), ("Selby", ["Selby is a town on the Ure."]),
+          ("Distractor Page", ["Nothing here."])]
+_OFFICIAL = {"_id": "q1", "question": "Which river flows through the town where Ivo Marn was born?", "answer": "Ure",
+             "type": "bridge", "level": "easy", "context": [[t, s] for t, s in _PARAS],
+             "supporting_facts": [["Ivo Marn", 1], ["Selby", 0]]}
+_HF = {"id": "q1", "question": _OFFICIAL["question"], "answer": "Ure", "type": "bridge", "level": "easy",
+       "context": {"title": [t for t, _ in _PARAS], "sentences": [s for _, s in _PARAS]},
+       "supporting_facts": {"title": ["Ivo Marn", "Selby"], "sent_id": [1, 0]}}
+
+
+def _suite_view(suite):
+    return [(d.title, d.text) for d in suite.docs], [(t.task_id, t.question, t.answer, t.gold_titles, t.qtype) for t in suite.tasks]
+
+
+def test_hotpot_official_and_hugging_face_layouts_load_the_same(tmp_path):
+    from turngym.envs.search.corpus import hotpot_suite
+
+    (tmp_path / "official.json").write_text(json.dumps([_OFFICIAL]))
+    (tmp_path / "hf.jsonl").write_text(json.dumps(_HF) + "\n")
+    (tmp_path / "hf_lines.json").write_text(json.dumps(_HF) + "\n" + json.dumps({**_HF, "id": "q2"}) + "\n")  # to_json writes lines
+    official = _suite_view(hotpot_suite(tmp_path / "official.json"))
+    assert official == _suite_view(hotpot_suite(tmp_path / "hf.jsonl"))
+    docs, tasks = official
+    assert docs[0] == ("Ivo Marn", "Ivo Marn is a painter. He was born in Selby.")
+    assert tasks == [("q1", _OFFICIAL["question"], "Ure", ("Ivo Marn", "Selby"), "bridge")]
+    assert [t.task_id for t in hotpot_suite(tmp_path / "hf_lines.json").tasks] == ["q1", "q2"]
+
+
+@pytest.mark.parametrize("record,message", [
+    ({k: v for k, v in _OFFICIAL.items() if k != "_id"}, r"missing field\(s\) _id \(or id\)"),
+    ({k: v for k, v in _HF.items() if k != "context"}, "missing field"),
+    ({**_HF, "context": {"title": ["a", "b"], "sentences": [["x"]]}}, "equal lengths"),
+    ({**_OFFICIAL, "context": [["a", "b", "c"]]}, "context is neither"),
+    ({**_OFFICIAL, "context": [["a", "not a list"]]}, "list of sentence strings"),
+    ({**_OFFICIAL, "supporting_facts": {"sent_id": [0]}}, "supporting_facts is neither"),
+    ({**_OFFICIAL, "supporting_facts": [[3, 0]]}, "every title must be a string"),
+    (["not", "an", "object"], "expected a JSON object"),
+])
+def test_hotpot_unknown_layout_is_a_clear_error(tmp_path, record, message):
+    from turngym.envs.search.corpus import hotpot_suite
+
+    (tmp_path / "bad.jsonl").write_text(json.dumps(_OFFICIAL) + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(ValueError, match=rf"bad.jsonl: record 1: .*{message}"):
+        hotpot_suite(tmp_path / "bad.jsonl")
+    (tmp_path / "broken.jsonl").write_text("{not json\n")
+    with pytest.raises(ValueError, match="line 1 is not JSON"):
+        hotpot_suite(tmp_path / "broken.jsonl")
+
+
+@needs_bm25
+def test_hotpot_hugging_face_layout_plays_an_episode(tmp_path):
+    (tmp_path / "hf.jsonl").write_text(json.dumps(_HF) + "\n")
+    kw = {"split": "all", "hotpot_file": str(tmp_path / "hf.jsonl")}
+    em, trajs = _success("turngym/Search-hotpotqa-v0", OracleAgent(), ["q1"], **kw)
+    assert em == 1.0 and trajs[0].turns[-1].info["f1"] == 1.0
+
+
+@needs_bm25
+def test_hotpot_text_with_a_lone_surrogate_never_raises(tmp_path):
+    # json.dumps escapes the lone surrogate as \ud800, which json.loads turns back into one
+    record = {**_OFFICIAL, "context": [["Bad \ud800 Title", ["Broken \udc80 text."]], *_OFFICIAL["context"]]}
+    (tmp_path / "odd.jsonl").write_text(json.dumps(record) + "\n")
+    env = turngym.make("turngym/Search-hotpotqa-v0", split="all", hotpot_file=str(tmp_path / "odd.jsonl"), tool_format="hermes").unwrapped
+    assert env.qa.docs[0].title == "Bad \ufffd Title" and env.qa.docs[0].text == "Broken \ufffd text."  # made valid at load
+    env.reset(seed=0, options={"task_id": "q1"})
+    for name, args in (("search", {"query": "Bad Title"}), ("open", {"title_or_id": "hp00000"}), ("answer", {"text": "Ure"})):
+        obs, reward, terminated, _, info = env.step("<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>")
+        obs[0].content.encode("utf-8")  # observations are valid UTF-8
+        assert isinstance(info["state_key"], str)
+    assert terminated and reward == 1.0

@@ -59,6 +59,65 @@ def test_dispatch_pipeline_errors_are_results():
     assert extra.is_error and "evil" in extra.content
 
 
+def _nested(depth: int):
+    v = "x"
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
+@tool
+def echo(text: str, options: dict | None = None) -> str:
+    """Echo the text back (and the options, if any)."""
+    return text + ("" if options is None else f" {options}")
+
+
+@tool
+def leak() -> str:
+    """A tool whose output holds a lone surrogate."""
+    return "bad \ud800 text"
+
+
+HOSTILE = [
+    ("non-string name", ToolCall("1", 123, {}), "must be a string"),
+    ("None name", ToolCall("1", None, {}), "must be a string"),
+    ("list name", ToolCall("1", ["echo"], {}), "must be a string"),
+    ("dict name", ToolCall("1", {"a": 1}, {}), "must be a string"),
+    ("surrogate in name", ToolCall("1", "ec\ud800ho", {}), "unknown tool"),
+    ("huge name", ToolCall("1", "x" * 1_000_000, {}), "unknown tool"),
+    ("None arguments", ToolCall("1", "echo", None), "must be a JSON object, not NoneType"),
+    ("list arguments", ToolCall("1", "echo", ["hi"]), "must be a JSON object, not list"),
+    ("number arguments", ToolCall("1", "echo", 3.5), "must be a JSON object, not float"),
+    ("string arguments", ToolCall("1", "echo", '{"text": "hi"}'), "must be a JSON object, not str"),
+    ("non-string key", ToolCall("1", "echo", {1: "hi"}), "keys must be strings"),
+    ("surrogate in value", ToolCall("1", "echo", {"text": "a\udc80b"}), "not valid Unicode"),
+    ("surrogate deep in value", ToolCall("1", "echo", {"text": "a", "options": {"k": ["\ud800"]}}), "options/k/0"),
+    ("surrogate in key", ToolCall("1", "echo", {"te\ud800xt": "a"}), "not valid Unicode"),
+    ("deeply nested, tool fails", ToolCall("1", "echo", {"text": "a", "options": {"k": _nested(5000)}}), "RecursionError"),
+    ("deeply nested, schema rejects", ToolCall("1", "echo", {"text": _nested(5000)}), "could not be run"),
+    ("wrong type", ToolCall("1", "echo", {"text": None}), "invalid arguments"),
+    ("non-string id", ToolCall(7, "echo", None), "must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize("name,call,message", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_dispatch_never_raises_on_hostile_calls(name, call, message):
+    reg = ToolRegistry([echo, leak])
+    result = reg.dispatch(call)
+    assert result.is_error and message in result.content, result.content[:300]
+    for text in (result.content, result.call_id, result.name):
+        assert text is None or (isinstance(text, str) and text.encode("utf-8"))  # valid UTF-8 throughout
+    assert len(result.content) < 2_000  # a huge name is not echoed back whole
+
+
+def test_dispatch_output_is_valid_utf8_and_huge_strings_pass_through():
+    reg = ToolRegistry([echo, leak])
+    out = reg.dispatch(ToolCall("1", "leak", {}))
+    assert not out.is_error and out.content == "bad \ufffd text"
+    big = reg.dispatch(ToolCall("2", "echo", {"text": "y" * 5_000_000}))
+    assert not big.is_error and "output truncated" in big.content
+
+
 def test_timeout_on_main_thread_and_in_threads():
     r = REG.dispatch(ToolCall("1", "sleepy", {"seconds": 5}))
     assert r.is_error and "timed out after 0.2s" in r.content

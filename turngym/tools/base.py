@@ -306,26 +306,89 @@ class ToolRegistry:
         return [t.spec for t in self._tools.values()]
 
     def dispatch(self, call: ToolCall) -> ToolResult:
-        """Whitelist the name, validate the arguments, run the tool. Never raises."""
-        t = self._tools.get(call.name)
+        """Whitelist the name, validate the arguments, run the tool.
+
+        Never raises, whatever the call holds: a name or arguments of any type, keys that are not
+        strings, text that is not valid Unicode (a lone surrogate), a tool that fails or times out.
+        Each comes back as an error result. Every result's text is valid UTF-8 (a lone surrogate
+        in a tool's output is replaced), so it can be tokenized, logged and sent anywhere.
+        """
+        call_id = getattr(call, "id", None)
+        call_id = call_id if call_id is None or isinstance(call_id, str) else repr(call_id)[:64]
+        try:
+            result = self._dispatch(call, call_id)
+        except Exception as e:  # nothing should reach here; this keeps the promise if something does
+            result = ToolResult(call_id, f"Error: the tool call could not be run: {type(e).__name__}: {_short(str(e))}", True)
+        return ToolResult(
+            _valid_text(result.call_id), _valid_text(result.content), result.is_error, _valid_text(result.name)
+        )
+
+    def _dispatch(self, call: ToolCall, call_id: str | None) -> ToolResult:
+        name, arguments = getattr(call, "name", None), getattr(call, "arguments", None)
+        if not isinstance(name, str):
+            return ToolResult(
+                call_id, f"Error: a tool name must be a string, not {type(name).__name__}. Available tools: {', '.join(self.names)}.", True
+            )
+        t = self._tools.get(name)
         if t is None:
             return ToolResult(
-                call.id,
-                f"Error: unknown tool {_short(call.name)!r}. Available tools: {', '.join(self.names)}.",
+                call_id,
+                f"Error: unknown tool {_short(name)!r}. Available tools: {', '.join(self.names)}.",
                 is_error=True,
-                name=call.name[:64],
+                name=name[:64],
             )
-        if not isinstance(call.arguments, dict):
-            return ToolResult(call.id, f"Error: arguments for {t.name!r} must be a JSON object.", True, t.name)
-        problem = t.validation_error(call.arguments)
+        if not isinstance(arguments, dict):
+            return ToolResult(call_id, f"Error: arguments for {t.name!r} must be a JSON object, not {type(arguments).__name__}.", True, t.name)
+        bad = _invalid_json_text(arguments)
+        if bad:
+            return ToolResult(call_id, f"Error: arguments for {t.name!r}: {bad}.", True, t.name)
+        problem = t.validation_error(arguments)
         if problem:
-            return ToolResult(call.id, f"Error: {problem}. Schema: {_short(str(t.parameters), 400)}", True, t.name)
+            return ToolResult(call_id, f"Error: {problem}. Schema: {_short(str(t.parameters), 400)}", True, t.name)
         try:
-            return ToolResult(call.id, t(**call.arguments), False, t.name)
+            return ToolResult(call_id, t(**arguments), False, t.name)
         except ToolTimeout as e:
-            return ToolResult(call.id, f"Error: tool {t.name!r} {e}.", True, t.name)
+            return ToolResult(call_id, f"Error: tool {t.name!r} {e}.", True, t.name)
         except Exception as e:  # a tool's own failure is information for the agent, not a crash
-            return ToolResult(call.id, f"Error: tool {t.name!r} failed: {type(e).__name__}: {_short(str(e))}", True, t.name)
+            return ToolResult(call_id, f"Error: tool {t.name!r} failed: {type(e).__name__}: {_short(str(e))}", True, t.name)
+
+
+def _invalid_json_text(value: Any) -> str | None:
+    """Why ``value`` (parsed JSON) cannot be passed on, or None: a key that is not a string, or a
+    string with a lone surrogate (``json.loads`` accepts ``"\\ud800"``; UTF-8 cannot encode it)."""
+    stack = [("(arguments)", value)]
+    while stack:  # iterative: deeply nested JSON must not hit the recursion limit
+        where, v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return f"the text at {where} is not valid Unicode ({e.reason} at character {e.start})"
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if not isinstance(k, str):
+                    return f"object keys must be strings, got {type(k).__name__} at {where}"
+                stack.append((k if where == "(arguments)" else f"{where}/{k}", k))
+                stack.append((k if where == "(arguments)" else f"{where}/{k}", item))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{where}/{i}", item) for i, item in enumerate(v))
+    return None
+
+
+def valid_unicode(s: str) -> str:
+    """``s`` with lone surrogates replaced by U+FFFD, so it encodes as UTF-8.
+
+    ``json.loads`` accepts ``"\\ud800"``, so model replies and third-party data can hold them.
+    """
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _valid_text(s: object) -> str | None:
+    return None if s is None else valid_unicode(s if isinstance(s, str) else str(s))
 
 
 def _short(s: str, n: int = 120) -> str:

@@ -6,7 +6,17 @@ the page that holds the answer), and every answer is an invented name or year, s
 cannot answer from memory.
 
 HotpotQA (distractor setting): each question's 10 paragraphs (2 gold + 8 distractors) are pooled
-into one corpus over the whole file, so a search can surface any question's paragraphs.
+into one corpus over the whole file, so a search can surface any question's paragraphs. Two
+layouts of a record are read:
+
+- the official one: ``_id``; ``context`` = ``[[title, [sentence, ...]], ...]``;
+  ``supporting_facts`` = ``[[title, sentence_index], ...]`` (extra items after the title are
+  ignored, as some re-packagings add them);
+- the Hugging Face ``hotpot_qa`` one: ``id``; ``context`` = ``{"title": [...], "sentences":
+  [[...], ...]}``; ``supporting_facts`` = ``{"title": [...], "sent_id": [...]}``.
+
+Anything else is a ``ValueError`` naming the file, the record and the field. Lone surrogates in
+the text (valid JSON, invalid Unicode) become U+FFFD.
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from turngym.tools.base import valid_unicode
 
 _SYL = ["ar", "bel", "cor", "dun", "el", "fal", "gor", "hal", "ith", "jor", "kel", "lun", "mor", "nex", "ol",
         "pra", "quor", "ril", "sev", "tal", "um", "var", "wyn", "xal", "yor", "zen", "bra", "dra", "fen", "gla"]
@@ -124,12 +136,26 @@ def _synthetic_questions(suite, rng, birth, founders, city_country, capitals, ci
 
 
 def read_hotpot_records(path: Path) -> list[dict]:
-    """Records from a ``.jsonl`` file (one per line) or the official ``.json`` list."""
-    text = Path(path).read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    data = json.loads(text)
-    return data if isinstance(data, list) else [data]
+    """Records from a ``.jsonl`` file (one per line) or a ``.json`` list (the official file).
+
+    A ``.json`` file holding one object per line (what Hugging Face ``to_json`` writes) is read too.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".jsonl":
+        try:
+            data = json.loads(text)
+            return data if isinstance(data, list) else [data]
+        except json.JSONDecodeError:
+            pass  # maybe JSON Lines under a .json name
+    records = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {n} is not JSON ({e.msg}); expected a JSON list or JSON Lines") from None
+    return records
 
 
 def find_hotpot_file(folder: Path) -> Path:
@@ -152,12 +178,55 @@ def hotpot_suite(path: str | Path) -> QASuite:
     records = read_hotpot_records(path)
     by_title: dict[str, Doc] = {}
     suite = QASuite(f"hotpotqa:{path.name}", [])
-    for r in records:
-        for title, sentences in r["context"]:
+    for i, r in enumerate(records):
+        try:
+            context, gold = hotpot_record_parts(r)
+        except ValueError as e:
+            raise ValueError(f"{path}: record {i}: {e}") from None
+        for title, sentences in context:
+            title = valid_unicode(title)
             if title not in by_title:
-                text = "".join(sentences).strip()
+                text = valid_unicode("".join(sentences).strip())
                 by_title[title] = Doc(f"hp{len(by_title):05d}", title, text)
-        gold = tuple(dict.fromkeys(sf[0] for sf in r["supporting_facts"]))
-        suite.tasks.append(QATask(str(r["_id"]), r["question"], str(r["answer"]), gold, str(r.get("type", "default"))))
+        qid, gold = valid_unicode(str(r.get("_id", r.get("id")))), tuple(valid_unicode(t) for t in gold)
+        question, answer = valid_unicode(str(r["question"])), valid_unicode(str(r["answer"]))
+        suite.tasks.append(QATask(qid, question, answer, gold, str(r.get("type", "default"))))
     suite.docs = list(by_title.values())
     return suite
+
+
+def hotpot_record_parts(r: object) -> tuple[list[tuple[str, list[str]]], tuple[str, ...]]:
+    """A record's ``[(title, sentences)]`` paragraphs and its supporting titles, in either layout.
+
+    Raises:
+        ValueError: the record is in neither layout (the message names the field).
+    """
+    if not isinstance(r, dict):
+        raise ValueError(f"expected a JSON object, got {type(r).__name__}")
+    missing = [k for k in ("question", "answer", "context", "supporting_facts") if k not in r]
+    if "_id" not in r and "id" not in r:
+        missing.append("_id (or id)")
+    if missing:
+        raise ValueError(f"missing field(s) {', '.join(missing)}; expected the official or the Hugging Face HotpotQA layout")
+    ctx, sf = r["context"], r["supporting_facts"]
+    if isinstance(ctx, dict):  # Hugging Face: dicts of parallel lists
+        titles, sentences = ctx.get("title"), ctx.get("sentences")
+        if not (isinstance(titles, list) and isinstance(sentences, list) and len(titles) == len(sentences)):
+            raise ValueError("context is a dict but not {'title': [...], 'sentences': [[...], ...]} of equal lengths")
+        pairs = list(zip(titles, sentences))
+    elif isinstance(ctx, list) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in ctx):
+        pairs = [(p[0], p[1]) for p in ctx]
+    else:
+        raise ValueError("context is neither [[title, sentences], ...] nor {'title': [...], 'sentences': [...]}")
+    for title, sents in pairs:
+        if not isinstance(title, str) or not isinstance(sents, list) or not all(isinstance(x, str) for x in sents):
+            raise ValueError(f"context paragraph {str(title)[:60]!r}: expected a title string and a list of sentence strings")
+    if isinstance(sf, dict) and isinstance(sf.get("title"), list):
+        gold_titles = sf["title"]
+    elif isinstance(sf, list) and all(isinstance(f, (list, tuple)) and f for f in sf):
+        gold_titles = [f[0] for f in sf]
+    else:
+        raise ValueError("supporting_facts is neither [[title, sentence_index], ...] nor {'title': [...], 'sent_id': [...]}")
+    if not all(isinstance(t, str) for t in gold_titles):
+        raise ValueError("supporting_facts: every title must be a string")
+    return pairs, tuple(dict.fromkeys(gold_titles))

@@ -161,7 +161,8 @@ class SearchEnv(TextEnv):
         return self._em
 
     def state_key(self) -> str:
-        opened = hashlib.sha1("\n".join(sorted(self._opened)).encode()).hexdigest()[:12]
+        # surrogatepass: a title from third-party data may hold a lone surrogate
+        opened = hashlib.sha1("\n".join(sorted(self._opened)).encode("utf-8", "surrogatepass")).hexdigest()[:12]
         return f"{self._task_id}:{'done' if self._answer is not None else opened}"
 
     def task_type(self, task_id: str) -> str:

@@ -6,7 +6,8 @@ table; ``describe_table(table)`` shows columns and a few rows; ``list_tables()``
 runs on a read-only, time-limited connection (``turngym.envs.sql.sandbox``), so the source
 database stays byte-identical whatever the agent sends.
 
-Reward: 1.0 when the submitted query's result equals the gold result (0.0 otherwise, or the
+Reward: 1.0 when the submitted query's result equals the gold result by the official Spider
+execution rule (columns in any order unless ``strict_columns``; 0.0 otherwise, or the
 row-multiset F1 with ``partial_credit=True``); other steps give 0.
 """
 
@@ -17,8 +18,8 @@ import random
 from typing import Any
 
 from turngym.envs.base import StepOutcome, TextEnv
-from turngym.envs.sql.accuracy import has_top_level_order_by, results_match, row_f1
-from turngym.envs.sql.sandbox import ReadOnlyDB, SQLError, format_table, quote_ident
+from turngym.envs.sql.accuracy import order_matters, results_match, row_f1
+from turngym.envs.sql.sandbox import MAX_RESULT_BYTES, ReadOnlyDB, format_table, quote_ident
 from turngym.envs.splits import split_of
 from turngym.envs.sql.synthetic import SQLTask, build_suite
 from turngym.tools.base import Tool
@@ -31,15 +32,21 @@ SYSTEM_PROMPT = (
 )
 
 
-def load_tasks(suite: str, seed: int = 0, data_dir: str | None = None) -> tuple[list[SQLTask], list[tuple[SQLTask, str]]]:
-    """The tasks of a suite (``synthetic`` or ``spider``) and, for Spider, the failing gold queries."""
+GOLD_TIMEOUT_S = 10.0  # gold queries are trusted; a slow machine must not make the oracle fail
+
+
+def load_tasks(
+    suite: str, seed: int = 0, data_dir: str | None = None, max_rows: int = 10_000, max_bytes: int = MAX_RESULT_BYTES
+) -> tuple[list[SQLTask], list[tuple[SQLTask, str]]]:
+    """The tasks of a suite (``synthetic`` or ``spider``) and, for Spider, the tasks left out
+    (failing gold queries, missing tables, gold results over ``max_rows``/``max_bytes``)."""
     if suite == "synthetic":
         return build_suite(seed), []
     if suite == "spider":
         from turngym.data import dataset_path
         from turngym.envs.sql.spider import load_spider
 
-        loaded = load_spider(dataset_path("spider", data_dir))
+        loaded = load_spider(dataset_path("spider", data_dir), max_rows=max_rows, max_bytes=max_bytes)
         return loaded.tasks, loaded.failed
     raise ValueError(f"unknown SQL suite {suite!r}; choose 'synthetic' or 'spider'")
 
@@ -63,7 +70,9 @@ class SQLEnv(TextEnv):
         timeout_s: float = 2.0,
         preview_rows: int = 20,
         max_rows: int = 10_000,
+        max_bytes: int = MAX_RESULT_BYTES,
         partial_credit: bool = False,
+        strict_columns: bool = False,
         show_schema: bool = True,
         **kw: Any,
     ) -> None:
@@ -74,17 +83,19 @@ class SQLEnv(TextEnv):
             data_dir: Local data folder for Spider (else ``$TURNGYM_DATA`` or the cache).
             timeout_s: Time limit per query.
             preview_rows: Rows shown by ``execute_sql``.
-            max_rows: Largest result ``submit`` accepts.
+            max_rows: Largest result ``submit`` accepts, in rows.
+            max_bytes: Largest result ``submit`` accepts, in bytes (text/blob lengths, 8 per number).
             partial_credit: Reward a wrong submission with its row F1 instead of 0.
+            strict_columns: Require the gold column order (the official metric ignores it).
             show_schema: Put the tables and columns in the opening prompt.
         """
         super().__init__(**kw)
         if split not in ("train", "test", "all"):
             raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
         self.suite, self.split = suite, split
-        self.timeout_s, self.preview_rows, self.max_rows = timeout_s, preview_rows, max_rows
-        self.partial_credit, self.show_schema = partial_credit, show_schema
-        tasks, self.failed_gold = load_tasks(suite, seed, data_dir)
+        self.timeout_s, self.preview_rows, self.max_rows, self.max_bytes = timeout_s, preview_rows, max_rows, max_bytes
+        self.partial_credit, self.show_schema, self.strict_columns = partial_credit, show_schema, strict_columns
+        tasks, self.failed_gold = load_tasks(suite, seed, data_dir, max_rows, max_bytes)
         fraction = 0.25 if suite == "spider" else 0.2
         keep = [t for t in tasks if split == "all" or split_of(_split_key(t, suite), fraction) == split]
         self.tasks = {t.task_id: t for t in keep}
@@ -143,20 +154,20 @@ class SQLEnv(TextEnv):
     def db(self) -> ReadOnlyDB:
         path = self._task.db_path
         if path not in self._dbs:
-            self._dbs[path] = ReadOnlyDB(path, timeout_s=self.timeout_s, max_rows=self.max_rows)
+            self._dbs[path] = ReadOnlyDB(path, timeout_s=self.timeout_s, max_rows=self.max_rows, max_bytes=self.max_bytes)
         return self._dbs[path]
 
     def _gold_result(self) -> tuple[list[tuple], bool]:
         t = self._task
         if t.task_id not in self._gold:
-            _, rows = self.db.fetch_all(t.gold_sql)
-            self._gold[t.task_id] = (rows, has_top_level_order_by(t.gold_sql))
+            _, rows = self.db.fetch_all(t.gold_sql, timeout_s=max(self.timeout_s, GOLD_TIMEOUT_S))
+            self._gold[t.task_id] = (rows, order_matters(t.gold_sql))
         return self._gold[t.task_id]
 
     def _grade(self, rows: list[tuple]) -> None:
         gold, ordered = self._gold_result()
         self._submitted = True
-        self._correct = results_match(rows, gold, ordered)
+        self._correct = results_match(rows, gold, ordered, strict=self.strict_columns)
         self._f1 = 1.0 if self._correct else row_f1(rows, gold)
 
     # ----- episode ----------------------------------------------------------------------------
@@ -175,7 +186,8 @@ class SQLEnv(TextEnv):
 
     def _step_outcome(self, parsed, results) -> StepOutcome:
         for c in parsed.calls:
-            self._seen.add(f"{c.name}:{' '.join(str(v) for v in c.arguments.values()).strip().lower()}")
+            args = c.arguments.values() if isinstance(c.arguments, dict) else [c.arguments]
+            self._seen.add(f"{c.name}:{' '.join(str(v) for v in args).strip().lower()}")
         if not self._submitted:
             return StepOutcome()
         reward = 1.0 if self._correct else (self._f1 if self.partial_credit else 0.0)
@@ -185,7 +197,8 @@ class SQLEnv(TextEnv):
         return 1.0 if self._correct else 0.0
 
     def state_key(self) -> str:
-        seen = hashlib.sha1("\n".join(sorted(self._seen)).encode()).hexdigest()[:12]
+        # surrogatepass: a call may hold a lone surrogate, and the key must still be computable
+        seen = hashlib.sha1("\n".join(sorted(self._seen)).encode("utf-8", "surrogatepass")).hexdigest()[:12]
         return f"{self._task_id}:{'done' if self._submitted else seen}"
 
     def task_type(self, task_id: str) -> str:

@@ -1,77 +1,227 @@
-"""A read-only, time-limited SQLite connection for untrusted queries.
+"""A read-only, time- and size-limited SQLite connection for untrusted queries.
 
-The agent's SQL runs on a connection that cannot change anything:
+The agent's SQL runs on a connection that cannot change anything or leave its budget:
 
 - the file is opened with ``mode=ro`` (URI) and ``PRAGMA query_only=ON``;
-- an authorizer allows only reading (``SELECT``, column reads, functions, recursive CTEs) and a
-  few read-only ``PRAGMA``s; ``ATTACH``, ``DETACH``, DDL, DML, transactions and every other
-  ``PRAGMA`` (``writable_schema``, ``journal_mode``, ...) are denied;
-- a progress handler aborts a statement after ``timeout_s`` (endless recursive CTEs, huge joins);
-- results are capped at ``max_rows`` rows and values at ``SQLITE_LIMIT_LENGTH`` bytes.
+- an authorizer allows only reading (``SELECT``, column reads, recursive CTEs), a few read-only
+  ``PRAGMA``s and an allowlist of core SQL functions. ``ATTACH``, ``DETACH``, DDL, DML,
+  transactions, every other ``PRAGMA`` (``writable_schema``, ``journal_mode``, ...) and every
+  other function (``load_extension``, ``fts3_tokenizer``, ``fts5``, ``rtree*``, ...) are denied;
+- a watchdog enforces ``timeout_s`` in wall-clock time: the statement runs on a worker thread,
+  the caller waits, then calls ``interrupt()``. SQLite only notices an interrupt between VM
+  opcodes, and one opcode can run for minutes (a huge ``printf`` width, ``instr`` on 1 MB
+  strings), so a statement that ignores the interrupt is abandoned on its thread and the
+  connection is replaced: the caller gets its error within ``timeout_s`` + 0.5 s whatever the
+  statement does;
+- the known long single opcodes are bounded too, so an abandoned statement burns little CPU:
+  values are capped at ``MAX_VALUE_BYTES`` (``instr``/``replace`` are quadratic in it) and
+  ``printf``/``format`` refuse a width or precision above it (SQLite 3.40 loops over the
+  precision of ``%c`` even when the output is already too big);
+- results are fetched row by row and capped at ``max_rows`` rows and ``max_bytes`` bytes, so a
+  huge result is refused without ever being held in memory;
+- SQL text that is not valid Unicode (a lone surrogate) is an error, not an exception, and
+  stored text that is not valid UTF-8 is read with its bad bytes dropped.
 
 The source database file is therefore never written, which the isolation tests check by hash.
 """
 
 from __future__ import annotations
 
+import queue
+import re
 import sqlite3
-import time
+import threading
+import weakref
 from pathlib import Path
 
 READ_ONLY_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_list", "index_info", "foreign_key_list"})
-_ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE})
-_DENIED_FUNCTIONS = frozenset({"load_extension", "readfile", "writefile", "edit"})
-_PROGRESS_EVERY = 5_000  # VM instructions between deadline checks
-MAX_VALUE_BYTES = 1_000_000
+# Core scalar, aggregate, window, date, math and JSON functions (sqlite.org/lang_corefunc.html and
+# friends). An allowlist, not a denylist: extension functions that a SQLite build happens to
+# include (fts3_tokenizer returns a raw pointer, and with two arguments installs one) stay denied.
+ALLOWED_FUNCTIONS = frozenset("""
+abs changes char coalesce concat concat_ws format glob hex if ifnull iif instr last_insert_rowid length
+like likelihood likely lower ltrim max min nullif octet_length printf quote random randomblob replace
+round rtrim sign soundex sqlite_version substr substring subtype total_changes trim typeof unhex unicode
+unistr unlikely upper zeroblob
+avg count group_concat string_agg sum total median percentile percentile_cont percentile_disc
+row_number rank dense_rank percent_rank cume_dist ntile lag lead first_value last_value nth_value
+date time datetime julianday unixepoch strftime timediff current_date current_time current_timestamp
+acos acosh asin asinh atan atan2 atanh ceil ceiling cos cosh degrees exp floor ln log log10 log2 mod
+pi pow power radians sin sinh sqrt tan tanh trunc
+json json_array json_array_length json_error_position json_extract json_insert json_object json_patch
+json_pretty json_quote json_remove json_replace json_set json_type json_valid json_group_array
+json_group_object -> ->>
+""".split())
+_ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
+MAX_VALUE_BYTES = 100_000  # per value; instr/replace take ~0.1 s at this size, ~12 s at 1 MB
+MAX_SQL_BYTES = 100_000  # per query text
+MAX_RESULT_BYTES = 8_000_000  # per result (what submit may hold): 10,000 rows of 800 bytes
+MAX_STUCK = 2  # abandoned statements still running before new queries are refused
+_PRINTF_SPEC = re.compile(r"%[-+ 0#,!]*(\*|\d+)?(?:\.(\*|\d*))?(?:ll|l)?(.)", re.DOTALL)
 
 
 class SQLError(Exception):
-    """The query failed: syntax, denied operation, timeout or too many rows. Shown to the agent."""
+    """The query failed: syntax, denied operation, timeout or too big a result. Shown to the agent."""
 
 
-def _authorize(action: int, arg1, arg2, dbname, source) -> int:
-    if action in _ALLOWED_ACTIONS:
-        if action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() in _DENIED_FUNCTIONS:
-            return sqlite3.SQLITE_DENY
-        return sqlite3.SQLITE_OK
-    if action == sqlite3.SQLITE_PRAGMA and str(arg1).lower() in READ_ONLY_PRAGMAS:
-        return sqlite3.SQLITE_OK
-    return sqlite3.SQLITE_DENY
+class _Job:
+    """One statement for the worker thread; the caller reads the outcome once ``done`` is set."""
+
+    def __init__(self, sql: str, limit: int, max_bytes: int) -> None:
+        self.sql, self.limit, self.max_bytes = sql, limit, max_bytes
+        self.done = threading.Event()
+        self.abandoned = False
+        self.cols: list[str] = []
+        self.rows: list[tuple] = []
+        self.cut: str | None = None  # "rows" or "bytes" when the result was cut
+        self.error: BaseException | None = None
+
+
+class _Callbacks:
+    """The connection's authorizer and ``printf`` override. Kept apart from ``ReadOnlyDB`` so that
+    a worker thread, which holds the connection, does not keep the ``ReadOnlyDB`` alive."""
+
+    def __init__(self) -> None:
+        self.reads: set[str] | None = None  # tables read by the statement being compiled, when recording
+        self.printf_conn = _limited(sqlite3.connect(":memory:", check_same_thread=False))
+        self.printf_lock = threading.Lock()
+
+    def authorize(self, action: int, arg1, arg2, dbname, source) -> int:
+        if action == sqlite3.SQLITE_READ and self.reads is not None:
+            self.reads.add(str(arg1).lower())
+        if action in _ALLOWED_ACTIONS:
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_FUNCTION:
+            return sqlite3.SQLITE_OK if str(arg2).lower() in ALLOWED_FUNCTIONS else sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_PRAGMA and str(arg1).lower() in READ_ONLY_PRAGMAS:
+            return sqlite3.SQLITE_OK
+        return sqlite3.SQLITE_DENY
+
+    def printf(self, fmt, *args):
+        """SQLite's own ``printf``, run on a private connection once every width is checked."""
+        if isinstance(fmt, str):
+            check_printf_sizes(fmt, args)
+        with self.printf_lock:
+            marks = ", ".join("?" * (1 + len(args)))
+            return self.printf_conn.execute(f"SELECT printf({marks})", (fmt, *args)).fetchone()[0]
+
+
+def _serve(inbox: queue.SimpleQueue, conn: sqlite3.Connection) -> None:
+    """A worker thread's loop: run jobs on ``conn`` until ``None`` arrives or a job is abandoned."""
+    try:
+        while (job := inbox.get()) is not None:
+            _execute(conn, job)
+            if job.abandoned:
+                break
+    finally:
+        conn.close()
+
+
+def _execute(conn: sqlite3.Connection, job: _Job) -> None:
+    try:
+        cur = conn.execute(job.sql)
+        job.cols = [d[0] for d in cur.description or []]
+        size = 0
+        for row in cur:  # row by row: a huge result is refused, never held
+            if len(job.rows) >= job.limit:
+                job.cut = "rows"
+                break
+            size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row)
+            if size > job.max_bytes:
+                job.cut = "bytes"
+                break
+            job.rows.append(row)
+        cur.close()
+    except BaseException as e:  # handed to the caller, who turns it into an SQLError
+        job.error = e
+    finally:
+        job.done.set()
 
 
 class ReadOnlyDB:
-    """One read-only connection to a SQLite file.
+    """One read-only connection to a SQLite file, served by one worker thread.
 
     Args:
         path: The database file (never modified).
         timeout_s: Wall-clock limit per statement.
-        max_rows: Rows returned by ``query`` beyond this raise (``fetch_all``) or are cut (``preview``).
+        max_rows: Rows beyond this raise (``fetch_all``) or are cut (``run``).
+        max_bytes: Result size (text and blob lengths, 8 per number) beyond which the same happens.
     """
 
-    def __init__(self, path: str | Path, timeout_s: float = 2.0, max_rows: int = 10_000) -> None:
+    def __init__(self, path: str | Path, timeout_s: float = 2.0, max_rows: int = 10_000, max_bytes: int = MAX_RESULT_BYTES) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"no database file at {self.path}")
-        self.timeout_s = timeout_s
-        self.max_rows = max_rows
+        self.timeout_s, self.max_rows, self.max_bytes = timeout_s, max_rows, max_bytes
+        self._cb = _Callbacks()
+        self._reads_memo: dict[str, frozenset[str]] = {}
+        self._stuck: list[threading.Thread] = []
+        self._start()
+
+    def _start(self) -> None:
+        """A fresh connection and the worker thread that owns it."""
         uri = f"{self.path.resolve().as_uri()}?mode=ro"
-        self.conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
-        self.conn.execute("PRAGMA query_only=ON")
-        self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
-        self.conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        self.conn.set_authorizer(_authorize)
-        self._deadline = 0.0
-        self.conn.set_progress_handler(self._over_time, _PROGRESS_EVERY)
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA query_only=ON")
+        # text that is not valid UTF-8 (third-party data) loses its bad bytes instead of failing
+        # the query; the official Spider evaluator decodes the same way
+        conn.text_factory = _decode_text
+        _limited(conn)
+        if hasattr(conn, "enable_load_extension"):  # absent when Python was built without it
+            conn.enable_load_extension(False)
+        for name in ("printf", "format"):
+            conn.create_function(name, -1, self._cb.printf, deterministic=True)
+        conn.set_authorizer(self._cb.authorize)
+        self.conn, self._inbox = conn, queue.SimpleQueue()
+        self._worker = threading.Thread(target=_serve, args=(self._inbox, conn), name="turngym-sql", daemon=True)
+        self._worker.start()
+        weakref.finalize(self, self._inbox.put, None)  # a dropped ReadOnlyDB stops its worker
 
-    def _over_time(self) -> int:
-        return 1 if time.monotonic() > self._deadline else 0
+    def _wait(self, job: _Job, timeout_s: float) -> bool:
+        """Wait for ``job``; past the deadline interrupt it, and abandon it if that is ignored.
 
-    def run(self, sql: str, limit: int | None = None) -> tuple[list[str], list[tuple], bool]:
+        Returns whether the job finished on its own (else it was stopped or abandoned).
+        """
+        if job.done.wait(timeout_s):
+            return True
+        self.conn.interrupt()
+        if job.done.wait(min(0.5, timeout_s)):
+            return job.error is None  # it may have finished just before the interrupt
+        job.abandoned = True  # the worker closes that connection and exits once the opcode ends
+        self._inbox.put(None)  # in case it finished before it could see ``abandoned``
+        self._stuck.append(self._worker)
+        self._start()
+        return False
+
+    def _submit(self, sql: str, limit: int, timeout_s: float | None) -> _Job:
+        if not isinstance(sql, str) or not sql.strip():
+            raise SQLError("the query is empty")
+        try:
+            size = len(sql.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise SQLError(f"the query is not valid Unicode ({e.reason} at character {e.start})") from None
+        if size > MAX_SQL_BYTES:
+            raise SQLError(f"the query is {size} bytes long; the limit is {MAX_SQL_BYTES}")
+        self._stuck = [t for t in self._stuck if t.is_alive()]
+        if len(self._stuck) >= MAX_STUCK:
+            raise SQLError("the database is still stopping earlier queries that ran too long; try again shortly")
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        job = _Job(sql, limit, self.max_bytes)
+        self._inbox.put(job)
+        if not self._wait(job, timeout_s):
+            raise SQLError(f"query timed out after {timeout_s:g}s and was stopped")
+        if job.error is not None:
+            raise _as_sql_error(job.error)
+        return job
+
+    def run(self, sql: str, limit: int | None = None, timeout_s: float | None = None) -> tuple[list[str], list[tuple], bool]:
         """Run one statement.
 
         Args:
             sql: A single read-only statement.
-            limit: Keep at most this many rows (default ``max_rows``); more sets ``truncated``.
+            limit: Keep at most this many rows (default ``max_rows``); more sets ``truncated``, as
+                does a result over ``max_bytes``.
+            timeout_s: This statement's time limit (default ``timeout_s``).
 
         Returns:
             ``(columns, rows, truncated)``.
@@ -79,34 +229,31 @@ class ReadOnlyDB:
         Raises:
             SQLError: any failure, with a message fit for the agent.
         """
-        limit = self.max_rows if limit is None else limit
-        if not sql.strip():
-            raise SQLError("the query is empty")
-        self._deadline = time.monotonic() + self.timeout_s
-        try:
-            cur = self.conn.execute(sql)
-            rows = cur.fetchmany(limit + 1)
-            cols = [d[0] for d in cur.description or []]
-            cur.close()
-        except sqlite3.Warning as e:  # e.g. "You can only execute one statement at a time."
-            raise SQLError(str(e)) from None
-        except sqlite3.DatabaseError as e:
-            msg = str(e)
-            if time.monotonic() > self._deadline or msg == "interrupted":
-                raise SQLError(f"query timed out after {self.timeout_s:g}s and was stopped") from None
-            if "not authorized" in msg or "authorization denied" in msg or "prohibited" in msg:
-                msg += " (this database is read-only: only SELECT queries are allowed)"
-            raise SQLError(msg) from None
-        except (ValueError, OverflowError, MemoryError) as e:
-            raise SQLError(f"{type(e).__name__}: {e}") from None
-        return cols, rows[:limit], len(rows) > limit
+        job = self._submit(sql, self.max_rows if limit is None else limit, timeout_s)
+        return job.cols, job.rows, job.cut is not None
 
-    def fetch_all(self, sql: str) -> tuple[list[str], list[tuple]]:
-        """All rows of a query, or ``SQLError`` when there are more than ``max_rows``."""
-        cols, rows, truncated = self.run(sql)
-        if truncated:
+    def fetch_all(self, sql: str, timeout_s: float | None = None) -> tuple[list[str], list[tuple]]:
+        """All rows of a query, or ``SQLError`` when there are more than ``max_rows`` or ``max_bytes``."""
+        job = self._submit(sql, self.max_rows, timeout_s)
+        if job.cut == "rows":
             raise SQLError(f"the result has more than {self.max_rows} rows; refine the query")
-        return cols, rows
+        if job.cut == "bytes":
+            raise SQLError(f"the result is larger than {self.max_bytes:,} bytes; select fewer or smaller values")
+        return job.cols, job.rows
+
+    def tables_read(self, sql: str) -> frozenset[str]:
+        """The tables (lower-cased) that ``sql`` reads, as SQLite's authorizer reports them.
+
+        The statement is only compiled (``EXPLAIN``), never run. Raises ``SQLError`` if it fails.
+        """
+        if sql not in self._reads_memo:  # memoized: a cached statement skips the authorizer
+            self._cb.reads = set()
+            try:
+                self._submit(f"EXPLAIN {sql}", 1_000_000, None)
+                self._reads_memo[sql] = frozenset(self._cb.reads)
+            finally:
+                self._cb.reads = None
+        return self._reads_memo[sql]
 
     def tables(self) -> list[str]:
         _, rows = self.fetch_all("SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
@@ -120,7 +267,56 @@ class ReadOnlyDB:
         return [(r[1], r[2] or "") for r in rows]
 
     def close(self) -> None:
-        self.conn.close()
+        """Stop the worker, which closes the connection (a stuck one closes its own when it ends)."""
+        self._inbox.put(None)
+        self._worker.join(timeout=5.0)  # it only runs a statement within the time limit
+
+
+def _limited(conn: sqlite3.Connection) -> sqlite3.Connection:
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES + 16)  # + room for "EXPLAIN "
+    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    return conn
+
+
+def _decode_text(b: bytes) -> str:
+    return b.decode("utf-8", errors="ignore")
+
+
+def check_printf_sizes(fmt: str, args: tuple) -> None:
+    """Raise ``ValueError`` if a width or precision in ``fmt`` (digits or ``*``) exceeds ``MAX_VALUE_BYTES``."""
+    i = 0  # the next argument; ``*`` takes one, as does every conversion but %% and %n
+    for m in _PRINTF_SPEC.finditer(fmt):
+        width, precision, conv = m.groups()
+        for part in (width, precision):
+            if part == "*":
+                n, i = _as_int(args[i] if i < len(args) else 0), i + 1
+            else:
+                n = int(part) if part else 0
+            if abs(n) > MAX_VALUE_BYTES:
+                raise ValueError(f"printf width or precision {n} is over the limit of {MAX_VALUE_BYTES}")
+        if conv not in "%n":
+            i += 1
+
+
+def _as_int(v) -> int:
+    try:
+        return int(float(v))
+    except (TypeError, ValueError, OverflowError):
+        return 0  # SQLite reads non-numbers as 0 here
+
+
+def _as_sql_error(e: BaseException) -> SQLError:
+    msg = str(e)
+    if isinstance(e, sqlite3.DatabaseError) and msg == "interrupted":
+        return SQLError("query timed out and was stopped")
+    if "not authorized" in msg or "authorization denied" in msg or "prohibited" in msg:
+        return SQLError(msg + " (this database is read-only: only SELECT queries and core SQL functions are allowed)")
+    if "user-defined function raised exception" in msg:
+        return SQLError(f"printf/format failed: a width or precision over {MAX_VALUE_BYTES}, or too long a result")
+    if isinstance(e, (sqlite3.Error, sqlite3.Warning)):  # Warning: "You can only execute one statement at a time."
+        return SQLError(msg)
+    return SQLError(f"{type(e).__name__}: {msg}")
 
 
 def quote_ident(name: str) -> str:
