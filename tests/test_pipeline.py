@@ -7,7 +7,7 @@ import json
 
 from fixtures_model import build_tiny_model
 
-from turngym.train import EvalConfig, TrainConfig, run
+from turngym.train import EvalConfig, TrainConfig, held_out_table, run
 from turngym.trainers.archer import ArcherConfig
 from turngym.trainers.sft import SFTConfig
 
@@ -26,6 +26,8 @@ def test_train_path_end_to_end_and_resume(tmp_path, tiny_tokenizer):
     summary = run(cfg, progress=False)
     out = tmp_path / "run"
     assert set(summary["success"]) == {"zero_shot", "sft", "final"}
+    final = summary["held_out"]["final"]
+    assert final["n"] == 2 and final["vs_sft"]["n"] == 2 and "vs_sft" not in summary["held_out"]["sft"]
     assert json.loads((out / "summary.json").read_text())["success"] == summary["success"]
     for f in ("eval_zero_shot.json", "eval_sft.json", "eval_final.json", "sft_model.pt", "stages.png",
               "archer/metrics.jsonl", "final_model/config.json"):
@@ -36,3 +38,18 @@ def test_train_path_end_to_end_and_resume(tmp_path, tiny_tokenizer):
     stages = (out / "stages.json").read_text()
     again = run(cfg, progress=False)  # everything is recorded: nothing re-runs, same results
     assert again["success"] == summary["success"] and (out / "stages.json").read_text() == stages
+
+
+def test_held_out_table_pairs_each_stage_with_sft():
+    def stage(per_episode):
+        n = len(per_episode)
+        return {"success": sum(per_episode) / n, "success_ci95": [0.0, 1.0], "episodes": n,
+                "per_episode_success": per_episode}
+
+    table = held_out_table({"eval_zero_shot": stage([0.0] * 4), "eval_sft": stage([0.0, 1.0, 0.0, 1.0]),
+                            "eval_final": stage([1.0, 1.0, 1.0, 1.0]), "sft": {"sft/loss": 1.0}})
+    assert table["sft"] == {"success": 0.5, "ci95": [0.0, 1.0], "n": 4}
+    # final - sft per game: 1, 0, 1, 0 -> mean 0.5; every paired resample lies in [0, 1]
+    d = table["final"]["vs_sft"]
+    assert d["diff"] == 0.5 and d["n"] == 4 and 0.0 <= d["ci95"][0] <= 0.5 <= d["ci95"][1] <= 1.0
+    assert table["zero_shot"]["vs_sft"]["diff"] == -0.5

@@ -24,6 +24,7 @@ import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
+from turngym.bench.metrics import bootstrap_diff
 from turngym.config import apply_overrides, describe, knob, load_yaml
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
 from turngym.trainers.checkpoint import has_checkpoint
@@ -125,7 +126,22 @@ def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str) -> dict:
                    sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed),
                    num_envs=cfg.eval.num_envs, progress=False)
     res.save(Path(cfg.output_dir) / f"eval_{tag}.json")
-    return res.summary
+    # every stage plays the same held-out (task, seed) list in the same order: outcomes pair up
+    return {**res.summary, "per_episode_success": [float(t.success) for t in res.trajectories]}
+
+
+def held_out_table(stages: dict) -> dict:
+    """Each evaluated stage's held-out success with its 95% CI and n, and its paired difference from
+    the SFT stage (paired bootstrap over the same held-out episodes)."""
+    evals = {k.removeprefix("eval_"): v for k, v in stages.items() if k.startswith("eval_")}
+    table = {tag: {"success": v["success"], "ci95": v["success_ci95"], "n": v["episodes"]} for tag, v in evals.items()}
+    base = evals.get("sft", {}).get("per_episode_success")
+    for tag, v in evals.items():
+        other = v.get("per_episode_success")
+        if tag != "sft" and base and other and len(other) == len(base):
+            d = bootstrap_diff(base, other, paired=True)
+            table[tag]["vs_sft"] = {"diff": d["diff"], "ci95": d["ci"], "p": d["p"], "n": len(base)}
+    return table
 
 
 class _Stages:
@@ -230,8 +246,12 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None)
         "env_id": cfg.env_id, "model": cfg.model, "algo": cfg.algo, "held_out_split": cfg.eval.split,
         "held_out_episodes": cfg.eval.episodes,
         "success": {k.removeprefix("eval_"): v["success"] for k, v in stages.data.items() if k.startswith("eval_")},
+        "held_out": held_out_table(stages.data),
         "wall_s_this_run": time.perf_counter() - t0,
     }
+    if "vs_sft" in summary["held_out"].get("final", {}):
+        d = summary["held_out"]["final"]["vs_sft"]
+        say(f"[paired, final - SFT] {d['diff']:+.1%} (95% CI {d['ci95'][0]:+.1%} to {d['ci95'][1]:+.1%}, n={d['n']} games)")
     if main:
         _write_json(out / "summary.json", summary)
         _stage_plot(stages.data, out / "stages.png", cfg)
