@@ -84,4 +84,4 @@ def _vllm(arg: str) -> Policy:
 register_agent("default", _default, "embedded SmolLM2-135M-Instruct on CPU; default:cuda for GPU")
 register_agent("hf", _hf, "any Hugging Face causal LM: hf:PATH")
 register_agent("openai", _openai, "OpenAI-compatible server: openai:URL#MODEL[?timeout=S&retries=N&concurrency=N&token_ids=auto] (key from $OPENAI_API_KEY)")
-register_agent("vllm", _vllm, "vLLM engine on GPU: vllm:PATH")
+register_agent("vllm", _vllm, "vLLM engine (GPU, or CPU via scripts/install_vllm_cpu.sh): vllm:PATH")
