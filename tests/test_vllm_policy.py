@@ -164,3 +164,72 @@ def test_vllm_logprobs_match_hf_scoring_and_weights_reload(tiny32, engine, monke
     finally:
         tiny.model.load_state_dict(original)
         tiny.model.to("cpu")
+
+
+@pytest.fixture
+def vllm_server(tiny32, tmp_path):
+    """vLLM's OpenAI server on the head-32 tiny model, started as users start it (a subprocess)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    _, path = tiny32
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "server.log", "w")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600  # a hang guard for start-up, not a timing assertion
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM server exited with {proc.returncode}: {(tmp_path / 'server.log').read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("vLLM server did not become healthy within 600 s")
+            time.sleep(2)
+        yield f"{url}/v1", str(path)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@needs_engine
+def test_openai_client_on_vllms_server_records_the_tokens_vllm_records(vllm_server, monkeypatch):
+    """The issue's criterion: ``openai:`` against vLLM's server gives the ids and log-probs that
+    ``vllm:`` gives for the same greedy turn."""
+    import warnings
+
+    import torch
+
+    from turngym.agents.http import OpenAIPolicy
+    from turngym.agents.vllm import VLLMPolicy
+    from turngym.types import Turn
+
+    url, model = vllm_server
+    client = OpenAIPolicy(url, model, return_token_ids=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "text only" warning: the server returns ids
+        served = client.act(_convs(2), SamplingParams(temperature=0.0, max_new_tokens=8))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    local = VLLMPolicy(model, dtype="float32", enforce_eager=True, max_model_len=1024)
+    engine = local.act(_convs(2), SamplingParams(temperature=0.0, max_new_tokens=8))
+    for s, e in zip(served, engine):
+        Turn(s.text, prompt_ids=s.prompt_ids, action_ids=s.action_ids, action_logprobs=s.logprobs)  # consistent
+        assert s.prompt_ids == e.prompt_ids and s.action_ids == e.action_ids and len(s.action_ids) > 0
+        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(e.logprobs), atol=2e-3, rtol=0)
