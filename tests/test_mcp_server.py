@@ -126,3 +126,12 @@ def test_unknown_tool_is_an_error_result_not_a_step():
     with pytest.raises(StepError, match="unknown tool 'shout'; this env has: guess"):
         session.call("shout", {})
     assert session.turn == 0
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "xml"])
+def test_missing_arguments_reach_the_env_as_they_are_and_make_an_invalid_step(fmt):
+    session = EnvSession(turngym.make("tests/Guess-v0", tool_format=fmt))
+    session.reset(task_id="2")
+    out = session.call("guess", {})
+    assert out["action_valid"] is False and out["reward"] == 0.0 and out["turn"] == 1
+    assert "number" in out["observation"] and "..." not in out["observation"]

@@ -88,7 +88,9 @@ class EnvSession:
         if name not in self.base.tools:
             raise StepError(f"unknown tool {name!r}; this env has: {', '.join(self.base.tools.names)}")
         self._calls += 1
-        action = self.base.format.render_call(ToolCall(f"mcp_{self._calls}", name, dict(arguments)), self.base.tools)
+        # No registry passed: given one, render_call fills missing required arguments with "..."
+        # placeholders (for usage hints), and the env must see the call exactly as it came.
+        action = self.base.format.render_call(ToolCall(f"mcp_{self._calls}", name, dict(arguments)))
         parsed = self.base.format.parse(action, self.base.tools)
         if len(parsed.calls) != 1 or parsed.calls[0].name != name:
             raise StepError(f"the env's {self.base.format.name!r} tool format cannot express a call to {name!r} "
