@@ -20,17 +20,22 @@ class TinyModel:
     tokenizer: Any
 
 
-def build_tiny_model(tokenizer, seed: int = 0):
-    """A deterministic tiny Llama matching ``tokenizer``'s vocabulary (fp32, eval mode)."""
+def build_tiny_model(tokenizer, seed: int = 0, **config_overrides):
+    """A deterministic tiny Llama matching ``tokenizer``'s vocabulary (fp32, eval mode).
+
+    ``config_overrides`` replace LlamaConfig fields (e.g. ``num_attention_heads=2`` for head size 32,
+    the smallest vLLM's CPU attention supports).
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(
+    fields = dict(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    cfg = LlamaConfig(**{**fields, **config_overrides})
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).float().eval()
     # Init at std 0.02 gives near-uniform next-token distributions (entropy ~10.8 nats), where greedy

