@@ -33,3 +33,8 @@ register("turngym/Chess-v0", entry_point=f"{_G}.chessgame:ChessEnv", max_turns=1
          description="Chess against Stockfish (depth 1 by default); win 1, draw 0.5; SAN or UCI moves")
 register("turngym/Endgames-v0", entry_point=f"{_G}.endgames:EndgamesEnv", max_turns=60,
          description="Chess endgames KQK, KRK, KBBK: checkmate Stockfish's lone king within N moves")
+register("turngym/CarDealer-v0", entry_point=f"{_G}.car_dealer:CarDealerEnv", max_turns=12,
+         description="Car Dealer: sell a car to a scripted buyer with a hidden budget; reward = price / budget")
+register("turngym/CarDealer-llm-v0", entry_point=f"{_G}.car_dealer:CarDealerEnv",
+         kwargs={"buyer": "default"}, max_turns=12, nondeterministic=True,
+         description="Car Dealer with a language model speaking for the buyer (buyer=Policy or agent spec)")
