@@ -136,7 +136,7 @@ def band_of(reward: float) -> str:
 
 
 def _round500(x: float) -> int:
-    return int(round(x / 500.0)) * 500
+    return int(x / 500.0 + 0.5) * 500  # half up (round() would round 76.5 to 76)
 
 
 def _a(word: str) -> str:
