@@ -14,8 +14,8 @@ thread at a fixed depth, its hash cleared at every reset. ``skill_level`` and ``
 make it nondeterministic (Stockfish seeds its skill randomness from the clock).
 
 Reward at the end: 1 for checkmating the engine, ``draw_reward`` (0.5, the usual chess score)
-for a draw, 0 for a loss or a game cut off by the turn limit. Threefold repetition and the
-fifty-move rule end the game as a draw. With ``dense_reward = w > 0`` every move also earns
+for a draw, 0 for a loss or a game cut off by the turn limit. A position repeated three times
+and fifty moves without a capture or pawn move end the game as a draw at once (no claim needed). With ``dense_reward = w > 0`` every move also earns
 ``w * (E_after - E_before)``, where E is Stockfish's expected score for the agent (from its
 win/draw/loss model at ``eval_depth``) after the opponent's reply, and the final position's E is
 the result itself, so the dense terms sum to ``w * (result - E_start)``.
@@ -205,8 +205,8 @@ class ChessEnv(TextEnv):
 
     def rules(self) -> str:
         return (f"You are playing chess as {COLOUR[self.agent]} against the Stockfish engine. Checkmate wins "
-                f"(reward 1); a draw scores {self.draw_reward:g} and a loss 0. Threefold repetition and the "
-                "fifty-move rule end the game as a draw.")
+                f"(reward 1); a draw scores {self.draw_reward:g} and a loss 0. A position repeated three times, or "
+                "fifty moves without a capture or pawn move, ends the game as a draw.")
 
     def move_limit(self) -> int | None:
         return None
@@ -267,7 +267,12 @@ class ChessEnv(TextEnv):
         return self.opponent.best(self.board, self.limit, self._game)
 
     def _check_over(self) -> bool:
-        outcome = self.board.outcome(claim_draw=True)
+        # Not outcome(claim_draw=True): that also ends the game when a repetition is merely one
+        # legal move away. Here a draw needs the position itself thrice, or 50 idle moves.
+        outcome = self.board.outcome()
+        if outcome is None and (self.board.is_repetition(3) or self.board.is_fifty_moves()):
+            outcome = chess.Outcome(chess.Termination.THREEFOLD_REPETITION if self.board.is_repetition(3)
+                                    else chess.Termination.FIFTY_MOVES, None)
         if outcome is None:
             return False
         self._result = "draw" if outcome.winner is None else ("win" if outcome.winner == self.agent else "loss")
