@@ -219,3 +219,18 @@ def test_dense_rewards_telescope_to_result_minus_start():
         assert total == pytest.approx(1.0 + (1.0 - e_start))
     finally:
         env.close()
+
+
+@needs_engine
+def test_a_draw_needs_the_position_three_times(chess_env):
+    env = chess_env.unwrapped
+    chess_env.reset(seed=0, options={"task_id": env.task_ids[0]})
+    env.board = chess.Board("2K1k3/8/8/8/8/8/2Q5/8 w - - 0 1")
+    for san in "Qc7 Kf8 Qh7 Ke8 Qg8+ Ke7 Qg6 Kf8 Qh7 Ke8 Kc7 Kf8".split():
+        env.board.push_san(san)
+    assert env.board.can_claim_threefold_repetition()  # Kc8 would repeat a position a third time...
+    assert not env._check_over() and env._result is None  # ...but it has not happened: play on
+    env.board = chess.Board()
+    for san in "Nf3 Nf6 Ng1 Ng8 Nf3 Nf6 Ng1 Ng8".split():
+        env.board.push_san(san)
+    assert env._check_over() and env._result == "draw" and env.outcome() == 0.5
