@@ -255,7 +255,7 @@ class ChessEnv(TextEnv):
                 lines.append(f"Stockfish played {self.board.san(reply)}.")
                 self.board.push(reply)
                 self._check_over()
-        if self.dense_reward:
+        if self.dense_reward:  # on the opponent's engine: never on the oracle's, which only runs with hints
             e = self._result_value() if self._result else self.opponent.expectation(self.board, self.eval_limit, self.agent, self._game)
             self._dense_now, self._expect = self.dense_reward * (e - self._expect), e
         return " ".join(lines) + "\n\n" + self._position_text()
