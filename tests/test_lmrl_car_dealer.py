@@ -5,7 +5,13 @@ import pytest
 
 import turngym
 from turngym.agents import OracleAgent, RandomAgent
-from turngym.envs.games.car_dealer import Buyer, band_of, make_buyers, read_message, reward_of
+from turngym.envs.games.car_dealer import (
+    Buyer,
+    band_of,
+    make_buyers,
+    read_message,
+    reward_of,
+)
 from turngym.trainers.rollout import episode_specs, rollout
 
 
@@ -76,7 +82,7 @@ def test_impatient_buyer_leaves_and_talk_of_features_costs_double():
 def test_every_buyer_leaves_after_ten_messages():
     env, u = _env(Buyer("specs", "Audi", "Coupe", ("Leather seats",), 90000))
     for i in range(10):
-        obs, r, term, _, _ = env.step("Hello there.")
+        obs, _r, term, _, _ = env.step("Hello there.")
         assert term == (i == 9)
     assert "Goodbye" in obs[0].content and u.outcome() == 0.0
 
@@ -88,7 +94,9 @@ def test_splits_are_disjoint_and_cover_every_background():
 
 
 def test_scripted_oracle_reaches_the_best_band_and_random_does_not():
-    factory = lambda: turngym.make("turngym/CarDealer-v0", split="test", scripted_hints=True)  # noqa: E731
+    def factory():
+        return turngym.make("turngym/CarDealer-v0", split="test", scripted_hints=True)
+
     tasks = factory().unwrapped.task_ids
     oracle = rollout(OracleAgent(), factory, episode_specs(tasks, len(tasks)), progress=False)
     assert all(t.outcome == 1.0 and t.terminated and t.turns[-1].info["band"] == "best" for t in oracle)

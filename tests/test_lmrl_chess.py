@@ -7,8 +7,20 @@ import pytest
 chess = pytest.importorskip("chess")
 
 import turngym  # noqa: E402
-from turngym.envs.games.chessgame import EngineNotFound, ChessEnv, find_engine, openings, parse_move, render_board  # noqa: E402
-from turngym.envs.games.endgames import MOVE_LIMITS, canonical_key, endgame_tasks, generate  # noqa: E402
+from turngym.envs.games.chessgame import (  # noqa: E402
+    ChessEnv,
+    EngineNotFound,
+    find_engine,
+    openings,
+    parse_move,
+    render_board,
+)
+from turngym.envs.games.endgames import (  # noqa: E402
+    MOVE_LIMITS,
+    canonical_key,
+    endgame_tasks,
+    generate,
+)
 from turngym.envs.splits import split_of  # noqa: E402
 
 try:
@@ -107,7 +119,7 @@ def chess_env():
 def test_illegal_move_is_an_error_observation(chess_env):
     chess_env.reset(seed=0, options={"task_id": chess_env.unwrapped.task_ids[0]})
     fen = chess_env.unwrapped.board.fen()
-    obs, reward, term, trunc, info = chess_env.step("Qxh9")
+    obs, reward, term, _trunc, info = chess_env.step("Qxh9")
     assert info["action_valid"] is False and reward == 0.0 and not term
     assert "not a legal move" in obs[0].content and 'Reply "legal"' in obs[0].content
     assert chess_env.unwrapped.board.fen() == fen  # the position did not change
@@ -138,7 +150,7 @@ def test_san_and_uci_play_the_same_move():
         task = envs[0].unwrapped.task_ids[1]
         for e in envs:
             e.reset(seed=0, options={"task_id": task})
-        move = sorted(envs[0].unwrapped.board.legal_moves, key=chess.Move.uci)[0]
+        move = min(envs[0].unwrapped.board.legal_moves, key=chess.Move.uci)
         san = envs[0].unwrapped.board.san(move)
         outs = [envs[0].step(san), envs[1].step(move.uci())]
         assert all(o[4]["action_valid"] for o in outs)
@@ -158,7 +170,7 @@ def test_games_replay_exactly_under_a_task(kwargs):
             obs, info = env.reset(seed=5, options={"task_id": env.unwrapped.task_ids[3]})
             seen = [obs[-1].content]
             for _ in range(6):  # always the first legal move in UCI order: a fixed agent
-                m = sorted(env.unwrapped.board.legal_moves, key=chess.Move.uci)[0]
+                m = min(env.unwrapped.board.legal_moves, key=chess.Move.uci)
                 obs, r, term, _, info = env.step(m.uci())
                 seen.append((obs[0].content, r, info["state_key"]))
                 if term:
@@ -208,12 +220,12 @@ def test_dense_rewards_telescope_to_result_minus_start():
     env = turngym.make("turngym/Endgames-v0", split="test", kinds=("KQK",), n_per_kind=2, dense_reward=1.0,
                        eval_depth=4, scripted_hints=True)
     try:
-        obs, info = env.reset(seed=0, options={"task_id": "KQK-test-000"})
+        _, info = env.reset(seed=0, options={"task_id": "KQK-test-000"})
         e_start = env.unwrapped._expect
         assert 0.5 < e_start <= 1.0  # a queen up
         total, done = 0.0, False
         while not done:
-            obs, r, done, _, info = env.step(info["oracle_action"])
+            _obs, r, done, _, info = env.step(info["oracle_action"])
             total += r
         # sparse 1.0 for the mate, plus dense terms that sum to 1.0 * (1.0 - E_start)
         assert total == pytest.approx(1.0 + (1.0 - e_start))
@@ -226,11 +238,11 @@ def test_a_draw_needs_the_position_three_times(chess_env):
     env = chess_env.unwrapped
     chess_env.reset(seed=0, options={"task_id": env.task_ids[0]})
     env.board = chess.Board("2K1k3/8/8/8/8/8/2Q5/8 w - - 0 1")
-    for san in "Qc7 Kf8 Qh7 Ke8 Qg8+ Ke7 Qg6 Kf8 Qh7 Ke8 Kc7 Kf8".split():
+    for san in ["Qc7", "Kf8", "Qh7", "Ke8", "Qg8+", "Ke7", "Qg6", "Kf8", "Qh7", "Ke8", "Kc7", "Kf8"]:
         env.board.push_san(san)
     assert env.board.can_claim_threefold_repetition()  # Kc8 would repeat a position a third time...
     assert not env._check_over() and env._result is None  # ...but it has not happened: play on
     env.board = chess.Board()
-    for san in "Nf3 Nf6 Ng1 Ng8 Nf3 Nf6 Ng1 Ng8".split():
+    for san in ["Nf3", "Nf6", "Ng1", "Ng8", "Nf3", "Nf6", "Ng1", "Ng8"]:
         env.board.push_san(san)
     assert env._check_over() and env._result == "draw" and env.outcome() == 0.5

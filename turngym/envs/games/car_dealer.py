@@ -66,8 +66,8 @@ PERSONALITIES = {  # LMRL-Gym's buyer backgrounds, and how each buyer opens
                  "Hi. I'm shopping for a car, but I'll tell you now: I never buy anything without a discount."),
     "specs": ("The buyer will only buy the car if it meets all of their specifications.",
               "Hello. I'm looking for a car, and it has to meet every one of my requirements or I walk."),
-    "impatient": ("The buyer is extremely impatient and strongly dislikes unnecessary information about discounts "
-                  "and features.", "Hi, I'm in a hurry. Let's make this quick."),
+    "impatient": (("The buyer is extremely impatient and strongly dislikes unnecessary information about discounts "
+                   "and features."), "Hi, I'm in a hurry. Let's make this quick."),
 }
 _BRAND_RX = [(b, re.compile(rf"\b{p}\b")) for b, p in
              [(b, re.escape(b.lower())) for b in BRANDS] + [("Mercedes-Benz", "mercedes"), ("Volkswagen", "vw")]]
@@ -109,11 +109,15 @@ class Said:
     price: float | None = None
 
 
+def _last(pairs: list[tuple[str, re.Pattern]], text: str) -> str | None:
+    """The name whose pattern matches last in ``text`` (the car described most recently)."""
+    return max(((m.start(), name) for name, rx in pairs for m in rx.finditer(text)), default=(0, None))[1]
+
+
 def read_message(text: str) -> Said:
     """Parse a dealer message: topics asked, car described, discount talk, offered price."""
     t = text.lower()
-    last = lambda pairs: max(((m.start(), name) for name, rx in pairs for m in rx.finditer(t)), default=(0, None))[1]  # noqa: E731
-    said = Said(topics=[k for k, p in _TOPICS.items() if re.search(p, t)], brand=last(_BRAND_RX), car_type=last(_TYPE_RX),
+    said = Said(topics=[k for k, p in _TOPICS.items() if re.search(p, t)], brand=_last(_BRAND_RX, t), car_type=_last(_TYPE_RX, t),
                 features={f for f, rx in _FEATURE_RX if rx.search(t)}, discount=bool(_DISCOUNT_RX.search(t)))
     if m := _OFFER_RX.search(t):
         try:
