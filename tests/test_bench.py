@@ -40,6 +40,8 @@ def test_suite_registry():
         assert name in names
     lmrl = [e.env_id for e in get_suite("lmrl")]
     assert "turngym/Maze-partial-v0" in lmrl and not any(i.endswith("-llm-v0") for i in lmrl)
+    lmrl_gym_tasks = ("Maze", "TextNav", "Wordle", "Chess", "Endgames", "TwentyQuestions", "GuessMyCity", "CarDealer")
+    assert all(f"turngym/{task}-v0" in lmrl for task in lmrl_gym_tasks)  # all 8 LMRL-Gym tasks
     assert [e.key for e in get_suite("all")] == [e.key for n in ("textworld", "alfworld", "sql", "search", "swe", "lmrl")
                                                  for e in get_suite(n)]
     assert {e.episodes for e in get_suite("sql", episodes=3)} == {3}
