@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +40,8 @@ def test_suite_registry():
         assert name in names
     lmrl = [e.env_id for e in get_suite("lmrl")]
     assert "turngym/Maze-partial-v0" in lmrl and not any(i.endswith("-llm-v0") for i in lmrl)
+    lmrl_gym_tasks = ("Maze", "TextNav", "Wordle", "Chess", "Endgames", "TwentyQuestions", "GuessMyCity", "CarDealer")
+    assert all(f"turngym/{task}-v0" in lmrl for task in lmrl_gym_tasks)  # all 8 LMRL-Gym tasks
     assert [e.key for e in get_suite("all")] == [e.key for n in ("textworld", "alfworld", "sql", "search", "swe", "lmrl")
                                                  for e in get_suite(n)]
     assert {e.episodes for e in get_suite("sql", episodes=3)} == {3}
@@ -172,7 +176,10 @@ def test_cli_real_lmrl_suite(tmp_path, capsys):
     assert rc == 0
     res = load_results(out / "results.json")
     assert set(res["envs"]) | set(res["skipped"]) == {e.key for e in get_suite("lmrl")}
-    assert set(res["skipped"]) <= {"turngym/Wordle-v0[words=lmrl]"}  # the only one that needs data
+    may_skip = {"turngym/Wordle-v0[words=lmrl]"}  # the only one that needs data
+    if shutil.which("stockfish") is None and not Path("/usr/games/stockfish").is_file():
+        may_skip |= {"turngym/Chess-v0", "turngym/Endgames-v0"}  # they need the chess engine
+    assert set(res["skipped"]) <= may_skip
     assert all(s["episodes"] == 2 and s["success"] == 1.0 for s in res["envs"].values())
     assert "| turngym/Maze-v0 | 2 | 100.0" in capsys.readouterr().out
 

@@ -1,6 +1,7 @@
 """One checker over every registered turngym env (STYLE 22): Gymnasium's env checker, reset
 determinism under a seed, JSON-serialisable info, turn-limit truncation, and the oracle earning
-the maximum outcome. Envs whose data, sandbox engine or LLM answerer is missing skip with a reason."""
+the maximum outcome. Envs whose data, sandbox engine, chess engine or LLM answerer is missing skip
+with a reason."""
 
 import json
 
@@ -22,6 +23,7 @@ FAST_KWARGS = {
     "turngym/SWE-synthetic": {"n_tasks": 2},
     "turngym/SWE-quixbugs": {"n_tasks": 2},
     "turngym/ALFWorld": {"max_games": 2},
+    "turngym/Endgames": {"n_per_kind": 5},
 }
 
 
@@ -38,6 +40,10 @@ def _make(env_id, **extra):
         return turngym.make(env_id, split="test", **_fast(env_id), **extra)
     except FileNotFoundError as e:  # turngym.data.DataNotFound is a FileNotFoundError
         pytest.skip(f"{env_id}: task data not available ({e})")
+    except ImportError as e:  # the chess envs: no `stockfish` binary (EngineNotFound) or no `chess` package
+        if "stockfish" in str(e).lower() or e.name == "chess":
+            pytest.skip(f"{env_id}: no chess engine ({e})")
+        raise
     except RuntimeError as e:
         if "sandbox" in str(e).lower() or "docker" in str(e).lower() or "bwrap" in str(e).lower():
             pytest.skip(f"{env_id}: no sandbox engine ({e})")

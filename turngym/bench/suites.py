@@ -119,6 +119,9 @@ _BUILTIN = {
         (f"{_T}Wordle-v0", "test", 30, {"words": "lmrl"}),  # LMRL-Gym's official word lists (data)
         (f"{_T}TwentyQuestions-v0", "test", 30),
         (f"{_T}GuessMyCity-v0", "test", 30),
+        (f"{_T}Chess-v0", "test", 30),  # needs the stockfish binary (apt-get install stockfish)
+        (f"{_T}Endgames-v0", "test", 30),
+        (f"{_T}CarDealer-v0", "test", 30),
     ],
 }
 for _name, _entries in _BUILTIN.items():

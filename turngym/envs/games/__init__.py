@@ -1,4 +1,5 @@
-"""LMRL-Gym-style games: maze, text navigation, Wordle, Twenty Questions, Guess My City.
+"""LMRL-Gym-style games: maze, text navigation, Wordle, Twenty Questions, Guess My City, chess,
+chess endgames and Car Dealer.
 
 Every game is seeded and has a scripted optimal (or near-optimal) player as its oracle. The
 default tool format is ``text``: the whole reply is the move, word or question.
@@ -27,3 +28,13 @@ register("turngym/TwentyQuestions-llm-v0", entry_point=f"{_G}.twenty_questions:T
 register("turngym/GuessMyCity-llm-v0", entry_point=f"{_G}.guess_city:GuessMyCityEnv",
          kwargs={"answerer": "default"}, max_turns=25, nondeterministic=True,
          description="Guess My City answered by a language model (answerer=Policy or agent spec)")
+# Chess and Endgames need the `stockfish` binary (apt-get install stockfish); see chessgame.py.
+register("turngym/Chess-v0", entry_point=f"{_G}.chessgame:ChessEnv", max_turns=150,
+         description="Chess against Stockfish (depth 1 by default); win 1, draw 0.5; SAN or UCI moves")
+register("turngym/Endgames-v0", entry_point=f"{_G}.endgames:EndgamesEnv", max_turns=60,
+         description="Chess endgames KQK, KRK, KBBK: checkmate Stockfish's lone king within N moves")
+register("turngym/CarDealer-v0", entry_point=f"{_G}.car_dealer:CarDealerEnv", max_turns=12,
+         description="Car Dealer: sell a car to a scripted buyer with a hidden budget; reward = price / budget")
+register("turngym/CarDealer-llm-v0", entry_point=f"{_G}.car_dealer:CarDealerEnv",
+         kwargs={"buyer": "default"}, max_turns=12, nondeterministic=True,
+         description="Car Dealer with a language model speaking for the buyer (buyer=Policy or agent spec)")
