@@ -70,7 +70,7 @@ class EngineProcess:
                  setup_deadline_s: float = SETUP_DEADLINE_S) -> None:
         self.target, self.kwargs = target, dict(kwargs or {})
         self.setup_deadline_s = setup_deadline_s
-        self.restarts = 0  # children killed or lost so far (each restart costs a setup)
+        self.restarts = 0  # children killed or lost by faults so far (the next call starts a new one)
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._finalizer: weakref.finalize | None = None
@@ -100,9 +100,8 @@ class EngineProcess:
         self._proc = self._conn = self._finalizer = None
 
     def _start(self) -> None:
-        if self._proc is not None:
-            self.close()
-            self.restarts += 1
+        if self._proc is not None:  # it exited between calls
+            self._discard()
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
         with theirs:
@@ -114,17 +113,24 @@ class EngineProcess:
         self._finalizer = weakref.finalize(self, _stop, proc, self._conn)
         self._request(("init", self.target, self.kwargs), self.setup_deadline_s, "start")
 
+    def _discard(self) -> None:
+        self.close()
+        self.restarts += 1
+
     def _request(self, message: tuple, deadline_s: float, what: str) -> Any:
         try:
             self._conn.send(message)
             answered = self._conn.poll(max(0.0, deadline_s))
             reply = self._conn.recv() if answered else None
         except (EOFError, OSError) as e:
-            code = self._proc.wait(timeout=5) if self._proc.poll() is None else self._proc.returncode
-            self.close()
+            try:
+                code = self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None  # alive but unreachable: _discard kills it
+            self._discard()
             raise EngineCrashed(f"the engine process died during {what!r} (exit code {code})") from e
         if reply is None:
-            self.close()
+            self._discard()
             raise EngineTimeout(f"the engine did not answer {what!r} within its {deadline_s:g}s deadline and was killed")
         status, payload = reply
         if status == "error":

@@ -24,7 +24,10 @@ class AlfworldEngine:
     def load(self, path: str) -> None:
         if self._tw is None:
             import textworld  # heavy: only where the engine runs
-            from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+            from alfworld.agents.environment.alfred_tw_env import (
+                AlfredDemangler,
+                AlfredInfos,
+            )
 
             self._tw = textworld.start(path, request_infos=textworld.EnvInfos(**self._infos),
                                        wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])

@@ -19,8 +19,8 @@ from typing import Any
 
 from turngym.envs.base import StepOutcome, TextEnv
 from turngym.envs.engine import EngineBacked
-from turngym.envs.walkthrough import WalkthroughMixin
 from turngym.envs.textworld.games import GameRecord, ensure_games, get_suite, split_dir
+from turngym.envs.walkthrough import WalkthroughMixin
 from turngym.tools.base import Tool
 from turngym.tools.formats import ParsedAction
 from turngym.types import Message, ToolCall, ToolResult
