@@ -14,6 +14,9 @@ class ToyEngine:
         self.calls += 1
         return (self.greeting, x, self.calls)
 
+    def raw(self) -> object:
+        return object()  # not JSON: the child must say so, not crash
+
     def pid(self) -> int:
         return os.getpid()
 

@@ -47,8 +47,8 @@ def _wait_dead(pid: int, within_s: float = 10.0) -> bool:
 
 
 def test_calls_reach_one_engine_that_keeps_its_state(engine):
-    assert engine.call("echo", [1, "a"], deadline_s=60) == ("hello", [1, "a"], 1)
-    assert engine.call("echo", None, deadline_s=60) == ("hello", None, 2)
+    assert engine.call("echo", [1, "a\ud800"], deadline_s=60) == ["hello", [1, "a\ud800"], 1]  # JSON: lists
+    assert engine.call("echo", None, deadline_s=60) == ["hello", None, 2]
     pid = engine.call("pid", deadline_s=60)
     assert pid == engine.pid != os.getpid() and engine.restarts == 0
 
@@ -58,7 +58,7 @@ def test_a_missed_deadline_kills_the_engine_and_the_next_call_restarts_it(engine
     with pytest.raises(EngineTimeout, match="'sleep' within its 0.5s deadline"):
         engine.call("sleep", 30, deadline_s=0.5)
     assert _wait_dead(first)
-    assert engine.call("echo", "again", deadline_s=60) == ("hello", "again", 1)  # a fresh engine
+    assert engine.call("echo", "again", deadline_s=60) == ["hello", "again", 1]  # a fresh engine
     assert engine.call("pid", deadline_s=60) != first and engine.restarts == 1
 
 
@@ -68,9 +68,19 @@ def test_an_engine_error_comes_back_as_data_and_the_engine_lives_on(engine):
         engine.call("boom", deadline_s=60)
     with pytest.raises(EngineError, match="AttributeError"):
         engine.call("no_such_method", deadline_s=60)
+    with pytest.raises(EngineError, match="not JSON serializable"):
+        engine.call("raw", deadline_s=60)
     assert engine.call("pid", deadline_s=60) == pid
     with pytest.raises(ValueError, match="private"):
         engine.call("__init__", deadline_s=60)
+
+
+def test_an_engine_that_cannot_be_built_is_an_error(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    e = EngineProcess("engine_toys:NoSuchEngine")
+    with pytest.raises(EngineError, match="AttributeError"):
+        e.call("echo", 1, deadline_s=60)
+    assert e.pid is None
 
 
 def test_a_dying_engine_is_reported_and_replaced(engine):

@@ -11,7 +11,9 @@ that has threads (tool pools, torch, Ray) can deadlock the child, and ``multipro
 to start children from daemonic workers (the rollout's subprocess env workers are daemonic). Its
 stdout and stderr go to ``/dev/null``, so a flooding engine cannot flood the parent's terminal; its
 errors come back as data. It stays in the parent's process group (a group kill reaches it) and it
-exits by itself when the parent dies, even in the middle of a hung call.
+exits by itself when the parent dies, even in the middle of a hung call. Calls and results cross
+as JSON, not pickles: the engine parses the agent's text in C, and an engine the agent managed to
+subvert must not be able to run code in the parent by what it sends back.
 
 ``EngineBacked`` is the ``TextEnv`` side: one budget per step for all of a step's engine calls,
 and the bookkeeping that turns a missed deadline into a truncated episode.
@@ -20,6 +22,7 @@ and the bookkeeping that turns a missed deadline into a truncated episode.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import socket
@@ -37,6 +40,7 @@ from typing import Any
 # Their deadline only guards against a wedged engine, and must allow a slow, shared machine.
 SETUP_DEADLINE_S = 120.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder that holds turngym/
+_MAX_MESSAGE_BYTES = 64 << 20  # a reply past this is treated as a broken engine
 
 
 class EngineFault(RuntimeError):
@@ -63,7 +67,8 @@ class EngineProcess:
         kwargs: Its constructor arguments (picklable).
         setup_deadline_s: Deadline for starting the child and building the engine.
 
-    Calls go through ``call(method, *args, deadline_s=...)``; arguments and results are pickled.
+    Calls go through ``call(method, *args, deadline_s=...)``; arguments and results must be JSON
+    values (tuples come back as lists).
     """
 
     def __init__(self, target: str, kwargs: dict[str, Any] | None = None, *,
@@ -111,7 +116,11 @@ class EngineProcess:
             )
         self._proc, self._conn = proc, Connection(ours.detach())
         self._finalizer = weakref.finalize(self, _stop, proc, self._conn)
-        self._request(("init", self.target, self.kwargs), self.setup_deadline_s, "start")
+        try:
+            self._request(("init", self.target, self.kwargs), self.setup_deadline_s, "start")
+        except EngineError:  # the engine could not be built: a child without one is of no use
+            self.close()
+            raise
 
     def _discard(self) -> None:
         self.close()
@@ -119,10 +128,10 @@ class EngineProcess:
 
     def _request(self, message: tuple, deadline_s: float, what: str) -> Any:
         try:
-            self._conn.send(message)
+            self._conn.send_bytes(json.dumps(message).encode())
             answered = self._conn.poll(max(0.0, deadline_s))
-            reply = self._conn.recv() if answered else None
-        except (EOFError, OSError) as e:
+            reply = json.loads(self._conn.recv_bytes(_MAX_MESSAGE_BYTES)) if answered else None
+        except (EOFError, OSError, ValueError) as e:  # ValueError: the reply is not JSON
             try:
                 code = self._proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -253,7 +262,7 @@ def _serve(conn: Connection) -> None:
     engine = None
     while True:
         try:
-            kind, *msg = conn.recv()
+            kind, *msg = json.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
         try:
@@ -262,10 +271,11 @@ def _serve(conn: Connection) -> None:
             else:
                 method, args = msg
                 result = getattr(engine, method)(*args)
-            conn.send(("ok", result))
+            reply = json.dumps(["ok", result])
         except Exception as e:  # the engine's failure is the caller's data
             tb = "".join(traceback.format_exception(e, limit=-3))
-            conn.send(("error", f"{type(e).__name__}: {e}\n{tb[-2000:]}"))
+            reply = json.dumps(["error", f"{type(e).__name__}: {e}\n{tb[-2000:]}"])
+        conn.send_bytes(reply.encode())
 
 
 if __name__ == "__main__":
