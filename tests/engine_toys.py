@@ -14,6 +14,21 @@ class ToyEngine:
         self.calls += 1
         return (self.greeting, x, self.calls)
 
+    def load(self, path: str) -> None:
+        # Hangs the first time a "<marker>:hang-once" path is loaded (the marker file remembers).
+        marker, _, mode = path.partition(":")
+        if mode == "hang-once" and not os.path.exists(marker):
+            open(marker, "w").close()
+            time.sleep(3600)
+        self.path = path
+
+    def reset(self) -> str:
+        return self.path
+
+    def step(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return self.path
+
     def raw(self) -> object:
         return object()  # not JSON: the child must say so, not crash
 

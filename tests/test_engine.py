@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from turngym.envs.engine import EngineCrashed, EngineError, EngineProcess, EngineTimeout, InlineEngine
+from turngym.envs.engine import (
+    EngineBacked,
+    EngineCrashed,
+    EngineError,
+    EngineFault,
+    EngineProcess,
+    EngineTimeout,
+    InlineEngine,
+)
 
 TESTS = Path(__file__).resolve().parent
 TOY = "engine_toys:ToyEngine"
@@ -128,3 +136,36 @@ def test_inline_engine_has_the_same_interface(monkeypatch):
     e = InlineEngine(TOY, {"greeting": "yo"})
     assert e.call("echo", 1) == ("yo", 1, 1) and e.call("pid") == os.getpid()
     e.close()
+
+
+class ToyEnv(EngineBacked):
+    """The mixin's side of a ``TextEnv``: a turn counter and an engine."""
+
+    engine_target = TOY
+    engine_setup_deadline_s = 3.0
+
+    def __init__(self, deadline_s):
+        self._turn = 0
+        self._setup_engine({}, deadline_s)
+
+
+def test_engine_backed_budget_truncation_and_reset_retry(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    env = ToyEnv(deadline_s=2.0)
+    try:
+        # The first load hangs past the setup deadline: the reset retries on a fresh engine,
+        # which loads the game again, rather than resetting an engine with nothing loaded.
+        game = f"{tmp_path / 'marker'}:hang-once"
+        assert env._engine_reset(game) == game and env._engine.restarts == 1
+        env._turn = 1
+        assert env._engine_step("step", 0.0) == game and env._cut_reason is None
+        env._turn = 2  # one step: its calls share one budget; either call alone would fit in it
+        env._engine_step("step", 0.5)
+        with pytest.raises(EngineTimeout):
+            env._engine_step("step", 1.8)
+        assert "deadline" in env._cut_reason
+        with pytest.raises(EngineFault, match="episode is over"):
+            env._engine_step("step", 0.0)
+        assert env._engine_reset(game) == game and env._cut_reason is None and env._engine.restarts == 2
+    finally:
+        env._close_engine()

@@ -183,15 +183,16 @@ def _build(target: str, kwargs: dict[str, Any]) -> Any:
 class EngineBacked:
     """Mixin for a ``TextEnv`` whose engine runs behind ``EngineProcess``.
 
-    The subclass sets ``engine_target`` and calls ``_setup_engine`` in its constructor, then talks
-    to the engine through ``_engine_load`` / ``_engine_setup`` (reset-time calls) and
-    ``_engine_step`` (calls made while the agent acts). All of one step's calls share one budget of
-    ``engine_deadline_s``. A missed deadline ends the episode: ``_engine_step`` raises (the tool
+    The subclass sets ``engine_target`` (an engine class with ``load(path)``, ``reset()`` and its
+    own step methods) and calls ``_setup_engine`` in its constructor, then talks to the engine
+    through ``_engine_reset`` (at reset) and ``_engine_step`` (while the agent acts). All of one
+    step's calls share one budget of ``engine_deadline_s``. A missed deadline ends the episode: ``_engine_step`` raises (the tool
     result tells the agent), later calls in the episode are refused, and ``_cut_reason`` is what
     the subclass passes as ``StepOutcome.truncated_reason``.
     """
 
     engine_target: str
+    engine_setup_deadline_s: float = SETUP_DEADLINE_S
 
     def _setup_engine(self, kwargs: dict[str, Any], deadline_s: float | None) -> None:
         if deadline_s is not None and not deadline_s > 0:
@@ -203,21 +204,21 @@ class EngineBacked:
         self._cut_reason: str | None = None
         self._budget_turn, self._budget_end = -1, 0.0
 
-    def _engine_setup(self, method: str, *args: Any) -> Any:
-        """A reset-time call. A fault is retried once on a fresh engine, then raised."""
+    def _engine_reset(self, path: str) -> Any:
+        """Load ``path`` (unless it is loaded) and reset it; returns the engine's ``reset()``.
+        A fault is retried once on a fresh engine (which loads the game again), then raised."""
         self._cut_reason, self._budget_turn = None, -1
         for attempt in (0, 1):
             try:
-                return self._engine.call(method, *args, deadline_s=SETUP_DEADLINE_S)
+                if self._engine_loaded != path:
+                    self._engine.call("load", path, deadline_s=self.engine_setup_deadline_s)
+                    self._engine_loaded = path
+                return self._engine.call("reset", deadline_s=self.engine_setup_deadline_s)
             except EngineFault:
                 self._engine_loaded = None
                 if attempt:
                     raise
-
-    def _engine_load(self, path: str) -> None:
-        if self._engine_loaded != path:
-            self._engine_setup("load", path)
-            self._engine_loaded = path
+        raise AssertionError("unreachable")
 
     def _engine_step(self, method: str, *args: Any) -> Any:
         """A call made while the agent acts, within what is left of this step's budget.

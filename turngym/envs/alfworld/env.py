@@ -122,8 +122,7 @@ class ALFWorldEnv(EngineBacked, WalkthroughMixin, TextEnv):
         if game is None:
             raise KeyError(f"unknown ALFWorld game {task_id!r} in split {self.split!r}")
         self._game = game
-        self._engine_load(str(game.path))
-        gs = self._engine_setup("reset")
+        gs = self._engine_reset(str(game.path))
         self._observe(gs)
         self._turn_won, self._rejected = False, False
         self._plan = [normalize_command(c) for c in gs["walkthrough"]]

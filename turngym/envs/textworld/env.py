@@ -197,8 +197,7 @@ class TextWorldEnv(EngineBacked, WalkthroughMixin, TextEnv):
     def _reset_task(self, task_id: str) -> list[Message]:
         self._record = self._by_id[task_id]
         self._game_code = int(self._record.content_hash[:16], 16)  # keys of different games differ
-        self._engine_load(str(self._folder / self._record.file))
-        gs = self._engine_setup("reset")
+        gs = self._engine_reset(str(self._folder / self._record.file))
         self._observe(gs)
         self._turn_score, self._turn_won = self._score, False
         self._wt_pos, self._on_path, self._rejected = 0, True, False
