@@ -96,7 +96,7 @@ def fuzz_family(family: str, n: int, tw_cache: Path, seed: int = 0) -> dict:
                 reply = swe_guard(base, reply)
             t0 = time.perf_counter()
             try:
-                obs, reward, terminated, truncated, info = env.step(reply)
+                obs, _, terminated, truncated, info = env.step(reply)
             except Exception as e:  # what the test is looking for: collect them all, then fail
                 tb = traceback.extract_tb(e.__traceback__)[-3:]
                 where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(tb))
