@@ -40,6 +40,10 @@ SLOW_PER_FAMILY = 2000
 SLACK_S = 15.0
 
 
+# The SWE family runs on the local backend on purpose (no engine needed); its warning is known.
+pytestmark = pytest.mark.filterwarnings("ignore::turngym.tools.sandbox.local_backend.UnsafeSandboxWarning")
+
+
 @pytest.fixture(scope="session")
 def tw_cache(request, tmp_path_factory) -> Path:
     # The same folder tests/test_textworld.py generates its games into, so they are made once.
