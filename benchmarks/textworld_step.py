@@ -13,6 +13,11 @@ printed too. Wall time and this thread's CPU time are both reported.
     python benchmarks/textworld_step.py --games 8 --reps 20
     python benchmarks/textworld_step.py --hints        # admissible commands + oracle tracking on
     python benchmarks/textworld_step.py --profile      # where turngym's own time goes
+    python benchmarks/textworld_step.py --in-process   # the engine in this process, without a deadline
+
+By default the engine runs in a child process behind its deadline (``engine_deadline_s``), so the
+turngym side pays a pipe round trip per command and its CPU time (this thread) leaves out the
+engine's own work; ``--in-process`` compares like with like.
 """
 
 from __future__ import annotations
@@ -84,10 +89,11 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=20, help="episodes per game per side")
     p.add_argument("--hints", action="store_true", help="scripted_hints=True (admissible commands, oracle)")
     p.add_argument("--profile", action="store_true", help="print a cProfile of the turngym steps")
+    p.add_argument("--in-process", action="store_true", help="engine_deadline_s=None: no child process, no deadline")
     args = p.parse_args()
 
     env = turngym.make(f"turngym/TextWorld-{args.level}-v0", split=args.split, num_games=args.games,
-                       scripted_hints=args.hints)
+                       scripted_hints=args.hints, **({"engine_deadline_s": None} if args.in_process else {}))
     base = env.unwrapped
     infos = base.request_infos()
     games = []
@@ -118,7 +124,7 @@ def main() -> None:
 
     steps = sum(len(v) for v in tg_t.values())
     print(f"TextWorld {args.level}/{args.split}: {len(games)} games x {args.reps} reps, {steps} steps a side, "
-          f"hints={'on' if args.hints else 'off'}")
+          f"hints={'on' if args.hints else 'off'}, engine={'in-process' if args.in_process else 'child process'}")
     report("wall time", raw_t, tg_t, 0)
     report("CPU time (this thread)", raw_t, tg_t, 1)
     if prof:

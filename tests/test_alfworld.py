@@ -74,6 +74,26 @@ def test_play_invalid_command_determinism_and_hints(data_dir):
     env.close()
 
 
+def test_backslashes_are_refused_and_a_missed_deadline_truncates(data_dir):
+    env = turngym.make("turngym/ALFWorld-v0", split="valid_seen", data_dir=data_dir, tool_format="text")
+    base = env.unwrapped
+    tid = one_per_type(data_dir)[0]
+    env.reset(seed=0, options={"task_id": tid})
+    for cmd in ("\\help", "look \\_ go to desk 1"):
+        obs, _, _, truncated, info = env.step(cmd)
+        assert "backslash" in obs[0].content and not info["action_valid"] and not truncated
+    # A deadline no engine call can meet: the step's one call misses it, for real, and the
+    # episode ends as truncated; the next reset starts a fresh engine and plays on.
+    base.engine_deadline_s = 1e-6
+    obs, reward, term, truncated, info = env.step("look")
+    assert truncated and not term and "deadline" in info["truncated_reason"] and base._engine.restarts == 1
+    base.engine_deadline_s = 30.0
+    env.reset(seed=0, options={"task_id": tid})
+    obs, _, _, truncated, info = env.step(base.walkthrough()[0])
+    assert info["action_valid"] and not truncated
+    env.close()
+
+
 def test_oracle_wins_a_few_games_and_random_does_not(data_dir):
     ids = [one_per_type(data_dir)[i] for i in (1, 3, 5)]  # look, heat, pick two (the full run is slow)
     factory = make_env_factory("turngym/ALFWorld-v0", split="valid_seen", data_dir=data_dir, scripted_hints=True)

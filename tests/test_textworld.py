@@ -20,6 +20,7 @@ from gymnasium.utils.env_checker import check_env
 
 import turngym
 import turngym.envs.base
+import turngym.envs.textworld.env
 from turngym.agents.scripted import OracleAgent, RandomAgent
 from turngym.envs.textworld.env import check_command, clean_feedback, normalize_command
 from turngym.envs.textworld.games import SUITES, content_hash, ensure_games, split_dir
@@ -270,6 +271,8 @@ def test_malformed_actions_are_error_observations(tw_root):
         hermes("restart"),  # game-system verbs are refused
         hermes("look. quit"),
         hermes("tw-trace-actions"),
+        hermes("\\help"),  # the interpreter's own commands loop forever inside Jericho
+        hermes("look \\_ restart"),  # an escaped return would queue "restart" as the next input
     ]
     for action in bad:
         obs, reward, terminated, truncated, info = env.step(action)
@@ -353,6 +356,38 @@ def test_command_checks():
     assert check_command("") and check_command("q") and check_command("take coin then restore")
     assert check_command("y" * 201)
     assert check_command("quilt") is None and check_command("take tw-box") is None
+    for escaped in ("\\help", "\\s", "\\t", "\\", "look \\_ restart", "go north\\"):
+        assert "backslash" in check_command(normalize_command(escaped)), escaped
+
+
+def test_a_hung_engine_ends_the_episode_as_truncated(tw_root, monkeypatch):
+    # Let the interpreter command "\help" through the checks: Jericho then loops forever. The
+    # step returns at the deadline, the episode is cut, and a reset plays on a fresh engine.
+    env = make(tw_root, engine_deadline_s=2.0)
+    base = env.unwrapped
+    task_id = base.task_ids[0]
+    env.reset(seed=0, options={"task_id": task_id})
+    hung_pid = base._engine.pid
+    monkeypatch.setattr(turngym.envs.textworld.env, "check_command", lambda cmd: None)
+    obs, reward, terminated, truncated, info = env.step(hermes("\\help"))
+    assert truncated and not terminated and reward == 0.0 and info["action_valid"] is False
+    assert "deadline" in info["truncated_reason"] and "EngineTimeout" in obs[0].content
+    obs, _, _, truncated, info = env.step(hermes("look"))  # the episode is over: nothing runs
+    assert truncated and "episode is over" in obs[0].content and base._engine.pid is None
+    monkeypatch.undo()
+    env.reset(seed=0, options={"task_id": task_id})
+    assert base._engine.pid not in (None, hung_pid) and base._engine.restarts == 1
+    *_, steps = play(env, task_id, [hermes(c) for c in base.walkthrough(task_id)])
+    assert steps[-1][4]["won"] and not any(s[3] for s in steps)
+
+
+def test_the_engine_can_run_in_process(tw_root):
+    env = make(tw_root, engine_deadline_s=None)
+    task_id = env.unwrapped.task_ids[0]
+    *_, steps = play(env, task_id, [hermes(c) for c in env.unwrapped.walkthrough(task_id)])
+    assert steps[-1][4]["won"] and env.unwrapped._engine.restarts == 0
+    with pytest.raises(ValueError, match="engine_deadline_s"):
+        make(tw_root, engine_deadline_s=0)
 
 
 def test_message_types(tw_root):

@@ -36,6 +36,9 @@ class StepOutcome:
         messages: Extra messages appended after the tool results (e.g. "You won.").
         action_valid: Override the default validity (all calls parsed and ran without error).
         info: Extra JSON-serialisable info for this step (``won``, ``score``, ...).
+        truncated_reason: Set when the episode cannot go on for a reason outside the task (its
+            engine missed a deadline and was restarted): the step returns ``truncated=True`` and
+            ``info["truncated_reason"]``.
     """
 
     reward: float = 0.0
@@ -43,6 +46,7 @@ class StepOutcome:
     messages: list[Message] = field(default_factory=list)
     action_valid: bool | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    truncated_reason: str | None = None
 
 
 class TextEnv(gym.Env):
@@ -180,7 +184,8 @@ class TextEnv(gym.Env):
 
         Returns:
             ``(messages, reward, terminated, truncated, info)``. ``info`` holds ``action_valid``,
-            ``state_key``, ``elapsed_s`` and ``tool_calls`` plus env-specific keys.
+            ``state_key``, ``elapsed_s`` and ``tool_calls`` plus env-specific keys, and
+            ``truncated_reason`` when the env cut the episode short.
         """
         if self._task_id is None:
             raise RuntimeError("call reset() before step()")
@@ -203,9 +208,11 @@ class TextEnv(gym.Env):
             "outcome": self.outcome(),
             **out.info,
         }
+        if out.truncated_reason is not None:
+            info["truncated_reason"] = out.truncated_reason
         self._add_hints(info)
         info["elapsed_s"] = _clock() - t0
-        return obs, reward, bool(out.terminated), False, info
+        return obs, reward, bool(out.terminated), out.truncated_reason is not None, info
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":

@@ -5,17 +5,23 @@ Games are ``game.tw-pddl`` files played with ``textworld.start`` and ALFWorld's 
 The agent sends one command per turn through the ``act`` tool. The reward is 1.0 on the winning
 turn; ``state_key`` hashes the world's facts; the walkthrough is the oracle's plan (and SFT
 data) and ``admissible_commands`` feed the random agent.
+
+The engine runs in a child process (``turngym.envs.engine``): every step's engine calls share a
+deadline (``engine_deadline_s``), and an engine that misses it is killed and restarted, which
+ends the episode as truncated. Commands with a backslash are refused as in ``TextWorldEnv``:
+the PDDL engine only matches whole commands, so none can be valid, and both text-game families
+keep one contract.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from turngym.envs.alfworld.games import AlfworldGame, alfworld_root, list_games
-from turngym.envs.walkthrough import WalkthroughMixin
 from turngym.envs.base import StepOutcome, TextEnv
+from turngym.envs.engine import EngineBacked
+from turngym.envs.walkthrough import WalkthroughMixin
 from turngym.tools.base import Tool
 from turngym.tools.formats import ParsedAction
 from turngym.types import Message, ToolCall, ToolResult
@@ -39,7 +45,7 @@ def normalize_command(command: str) -> str:
     return " ".join("".join(ch if ch.isprintable() else " " for ch in command).lower().split())
 
 
-class ALFWorldEnv(WalkthroughMixin, TextEnv):
+class ALFWorldEnv(EngineBacked, WalkthroughMixin, TextEnv):
     """ALFWorld: six kinds of household tasks (pick, look, clean, heat, cool, pick two) as text games.
 
     Args:
@@ -51,6 +57,9 @@ class ALFWorldEnv(WalkthroughMixin, TextEnv):
         admissible_in_obs: Append the admissible commands to every observation.
         replan: When the agent leaves the walkthrough, ask the planner for a new plan every turn
             (slow; only the oracle needs it).
+        engine_deadline_s: Time one step's engine calls may take together (the engine runs in a
+            child process, killed and restarted when it misses this); ``None`` runs it in-process
+            without a deadline.
         **kw: ``TextEnv`` arguments (``tool_format``, ``scripted_hints``, ...).
 
     Raises:
@@ -59,7 +68,7 @@ class ALFWorldEnv(WalkthroughMixin, TextEnv):
 
     def __init__(self, split: str = "train", data_dir: str | None = None, max_games: int | None = None,
                  task_types: list[str] | None = None, admissible_in_obs: bool = False, replan: bool = False,
-                 **kw: Any) -> None:
+                 engine_deadline_s: float | None = 30.0, **kw: Any) -> None:
         super().__init__(**kw)
         self.split = split
         self.root: Path = alfworld_root(data_dir)
@@ -70,8 +79,7 @@ class ALFWorldEnv(WalkthroughMixin, TextEnv):
         self._by_id = {g.task_id: g for g in self.games}
         self.task_ids = [g.task_id for g in self.games]
         self.admissible_in_obs, self.replan = admissible_in_obs, replan
-        self._tw = None
-        self._loaded: Path | None = None
+        self._setup_engine({"infos": self._infos()}, engine_deadline_s)
         self._game: AlfworldGame | None = None
         self._gs: dict = {}
         self._won, self._turn_won, self._rejected = False, False, False
@@ -79,34 +87,23 @@ class ALFWorldEnv(WalkthroughMixin, TextEnv):
         self._wt_pos, self._on_path, self._key = 0, True, ""
 
     # ----- engine ---------------------------------------------------------------------------
+    engine_target = "turngym.envs.alfworld.engine:AlfworldEngine"
+
+    def _infos(self) -> dict[str, Any]:
+        return {"won": True, "facts": True, "extras": ["walkthrough"],
+                "admissible_commands": bool(self.scripted_hints or self.admissible_in_obs),
+                "policy_commands": bool(self.replan)}
+
     def request_infos(self):
         """The ``textworld.EnvInfos`` asked of the engine (admissible commands only when used)."""
         from textworld import EnvInfos
 
-        return EnvInfos(won=True, facts=True, extras=["walkthrough"],
-                        admissible_commands=bool(self.scripted_hints or self.admissible_in_obs),
-                        policy_commands=bool(self.replan))
-
-    def _load(self, path: Path) -> dict:
-        if self._tw is not None and self._loaded == path:
-            return self._tw.reset()  # same game again (group rollouts): no need to re-parse it
-        self._loaded = path
-        if self._tw is None:
-            import textworld  # heavy: only when a game is played
-            from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
-
-            self._tw = textworld.start(str(path), request_infos=self.request_infos(),
-                                       wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
-        else:
-            self._tw.load(str(path))
-        return self._tw.reset()
+        return EnvInfos(**self._infos())
 
     def _observe(self, gs: dict) -> None:
         self._gs = gs
-        self._won = bool(gs.get("won"))
-        facts = sorted(map(str, gs.get("facts") or ()))
-        digest = hashlib.blake2b("\n".join(facts).encode(), digest_size=8).hexdigest()
-        self._key = f"{self._game.task_id}:{digest}"
+        self._won = gs["won"]
+        self._key = f"{self._game.task_id}:{gs['facts_digest']}"
 
     # ----- TextEnv hooks --------------------------------------------------------------------
     def _build_tools(self) -> list[Tool]:
@@ -116,8 +113,7 @@ class ALFWorldEnv(WalkthroughMixin, TextEnv):
             "required": ["command"],
             "additionalProperties": False,
         }
-        # No timeout: the PDDL engine runs in C where an alarm cannot reach; a hung game is the
-        # rollout workers' job (they kill and restart the env).
+        # No tool timeout: the engine's deadline is enforced around its child process (``EngineBacked``).
         return [Tool("act", "Send one command to the household, e.g. 'go to desk 1' or 'take mug 1 from desk 1'.",
                      params, self._act, timeout_s=None)]
 
@@ -126,10 +122,10 @@ class ALFWorldEnv(WalkthroughMixin, TextEnv):
         if game is None:
             raise KeyError(f"unknown ALFWorld game {task_id!r} in split {self.split!r}")
         self._game = game
-        gs = self._load(game.path)
+        gs = self._engine_reset(str(game.path))
         self._observe(gs)
         self._turn_won, self._rejected = False, False
-        self._plan = [normalize_command(c) for c in gs.get("extra.walkthrough") or []]
+        self._plan = [normalize_command(c) for c in gs["walkthrough"]]
         self._wt_pos, self._on_path = 0, True
         intro = gs["feedback"].replace(_BANNER, "").strip()
         how = _HOW["text"] if self.format.name == "text" else _HOW["default"]
@@ -143,8 +139,10 @@ class ALFWorldEnv(WalkthroughMixin, TextEnv):
             raise ValueError("the command is empty; send one such as 'look'")
         if len(cmd) > MAX_COMMAND_CHARS:
             raise ValueError(f"the command is {len(cmd)} characters long; commands are short (limit {MAX_COMMAND_CHARS})")
+        if "\\" in cmd:
+            raise ValueError("a backslash is an interpreter escape character, not part of a command; remove it")
         key_before = self._key
-        gs, _, _ = self._tw.step(cmd)
+        gs = self._engine_step("step", cmd)
         self._observe(gs)
         text = (gs.get("feedback") or "").strip()
         self._rejected = text == _NOTHING
@@ -155,7 +153,8 @@ class ALFWorldEnv(WalkthroughMixin, TextEnv):
         reward = float(self._won and not self._turn_won)
         valid = bool(parsed.calls) and not self._rejected and not any(r.is_error for r in results)
         self._turn_won, self._rejected = self._won, False
-        return StepOutcome(reward=reward, terminated=self._won, action_valid=valid, info={"won": self._won})
+        return StepOutcome(reward=reward, terminated=self._won, action_valid=valid, info={"won": self._won},
+                           truncated_reason=self._cut_reason)
 
     def state_key(self) -> str:
         return self._key
@@ -189,10 +188,5 @@ class ALFWorldEnv(WalkthroughMixin, TextEnv):
         return [self.format.render_call(ToolCall("a", "act", {"command": c})) for c in cmds]
 
     def close(self) -> None:
-        if self._tw is not None:
-            try:
-                self._tw.close()
-            except Exception:
-                pass  # closing a finished game is best effort
-            self._tw, self._loaded = None, None
+        self._close_engine()
         super().close()

@@ -5,23 +5,26 @@ state tracking from the game's ``.json``). Each ``act`` call sends one command; 
 the game's reply, cleaned of the interpreter's prompt and status line. Scores, win and loss come
 from the engine; ``state_key`` hashes the set of logical facts that hold in the world, so the same
 state reached by different paths gets the same key.
+
+Jericho is C code called in-process, and some inputs loop in it forever (see ``check_command``).
+So the engine runs in a child process (``turngym.envs.engine``) and every step's engine calls share
+a deadline (``engine_deadline_s``): an engine that misses it is killed and restarted, and the
+episode ends as truncated with ``info["truncated_reason"]``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
-import warnings
 from typing import Any
 
-from turngym.envs.walkthrough import WalkthroughMixin
 from turngym.envs.base import StepOutcome, TextEnv
+from turngym.envs.engine import EngineBacked
 from turngym.envs.textworld.games import GameRecord, ensure_games, get_suite, split_dir
+from turngym.envs.walkthrough import WalkthroughMixin
 from turngym.tools.base import Tool
 from turngym.tools.formats import ParsedAction
 from turngym.types import Message, ToolCall, ToolResult
 
-_MAX_FACT_CODES = 100_000
 MAX_COMMAND_CHARS = 200  # the story file's input buffer is smaller; longer text is never a command
 
 SYSTEM_PROMPT = (
@@ -88,11 +91,21 @@ def normalize_command(command: str) -> str:
 
 
 def check_command(command: str) -> str | None:
-    """Why ``command`` (normalized) must not be sent to the game, or ``None`` if it may."""
+    """Why ``command`` (normalized) must not be sent to the game, or ``None`` if it may.
+
+    Refused: empty or over-long text, game-system verbs (``_META_VERBS``, TextWorld's ``tw-*``
+    hooks), and any backslash. The backslash is the interpreter's own escape character (Jericho's
+    dumb-frotz front end), not the game's: a line that starts with one is an interpreter command
+    (``\\help``, ``\\s``, ``\\t``, ...) that Jericho re-reads forever, some of them printing at
+    hundreds of MB/s; inside a line, escapes such as ``\\_`` (return) end the line early and queue
+    the rest (say, ``restart``) as the next input, past these checks. No game command needs one.
+    """
     if not command:
         return "the command is empty; send a game command such as 'look'"
     if len(command) > MAX_COMMAND_CHARS:
         return f"the command is {len(command)} characters long; game commands are short (limit {MAX_COMMAND_CHARS})"
+    if "\\" in command:
+        return "a backslash is the interpreter's escape character, not part of a game command; remove it"
     clauses = _CLAUSES.split(command) if _CLAUSES.search(command) else (command,)
     for clause in clauses:
         verb = clause.split(None, 1)[0] if clause.strip() else ""
@@ -101,7 +114,7 @@ def check_command(command: str) -> str | None:
     return None
 
 
-class TextWorldEnv(WalkthroughMixin, TextEnv):
+class TextWorldEnv(EngineBacked, WalkthroughMixin, TextEnv):
     """TextWorld text adventures (coin collector, treasure hunter, cooking) on an easy/medium/hard ladder.
 
     Args:
@@ -112,6 +125,9 @@ class TextWorldEnv(WalkthroughMixin, TextEnv):
         reward: ``dense`` (score gained this turn / max score) or ``sparse`` (1.0 on the winning turn).
         admissible_in_obs: Append the currently admissible commands to every observation.
         cache_dir: Game cache folder (default ``$TURNGYM_CACHE/textworld``).
+        engine_deadline_s: Time one step's engine calls may take together; the engine runs in a
+            child process that is killed and restarted when it misses this. ``None`` runs the
+            engine in-process without a deadline (a hang then hangs the caller).
         **kw: ``TextEnv`` arguments (``tool_format``, ``scripted_hints``, ...).
 
     Raises:
@@ -126,6 +142,7 @@ class TextWorldEnv(WalkthroughMixin, TextEnv):
         reward: str = "dense",
         admissible_in_obs: bool = False,
         cache_dir: str | None = None,
+        engine_deadline_s: float | None = 10.0,
         **kw: Any,
     ) -> None:
         super().__init__(**kw)
@@ -140,77 +157,29 @@ class TextWorldEnv(WalkthroughMixin, TextEnv):
         self.task_ids = [g.task_id for g in self.games]
         # Admissible commands and winning-policy tracking cost ~30% of a step: ask only when used.
         self._want_admissible = bool(self.scripted_hints or admissible_in_obs)
-        self._tw = None
-        self._loaded: str | None = None
-        self._fact_codes: dict[int, int] = {}
-        self._fact_refs: list[Any] = []
+        self._setup_engine({"infos": self._infos()}, engine_deadline_s)
         self._record: GameRecord | None = None
         self._gs: dict = {}
         self._score, self._won, self._lost, self._key, self._game_code = 0, False, False, "", 0
-        self._moves: int | None = None
 
     # ----- engine ---------------------------------------------------------------------------
+    engine_target = "turngym.envs.textworld.engine:TextWorldEngine"
+
+    def _infos(self) -> dict[str, bool]:
+        return {"score": True, "won": True, "lost": True, "facts": True, "moves": True,
+                "admissible_commands": self._want_admissible, "policy_commands": self.scripted_hints}
+
     def request_infos(self):
         """The ``textworld.EnvInfos`` this env asks the engine for (the benchmark reuses it)."""
         from textworld import EnvInfos
 
-        return EnvInfos(
-            score=True, won=True, lost=True, facts=True, moves=True,
-            admissible_commands=self._want_admissible, policy_commands=self.scripted_hints,
-        )
-
-    def _start(self, record: GameRecord) -> dict:
-        path = str(self._folder / record.file)
-        if self._loaded != path:
-            with warnings.catch_warnings():
-                # Jericho warns that TextWorld's story files are not in its own list of known
-                # games; TextWorld tracks score and state itself, so nothing is lost.
-                warnings.filterwarnings("ignore", message=".*not fully supported")
-                self._load(path)
-            if len(self._fact_codes) > _MAX_FACT_CODES:  # shared across games; keep it bounded
-                self._fact_codes.clear()
-                self._fact_refs.clear()
-        self._loaded = path
-        return self._tw.reset()
-
-    def _load(self, path: str) -> None:
-        if self._tw is None:
-            import textworld  # heavy: only when an env is actually played
-
-            self._tw = textworld.start(path, self.request_infos())
-        else:
-            self._tw.load(path)
+        return EnvInfos(**self._infos())
 
     def _observe(self, gs: dict) -> None:
         self._gs = gs
-        self._score = int(gs.get("score") or 0)
-        self._won, self._lost = bool(gs.get("won")), bool(gs.get("lost"))
-        # "moves" counts the actions the state tracker applied: when it has not moved, the facts
-        # have not changed (look, examine, a rejected command) and the key stands.
-        moves = gs.get("moves")
-        if moves is None or moves != self._moves:
-            self._moves = moves
-            # "_facts" holds the tracker's own fact objects, which persist from step to step;
-            # "facts" (renamed copies, new each step) is the fallback.
-            facts = gs.get("_facts")
-            self._key = self._facts_key(facts if facts is not None else gs.get("facts") or ())
-
-    def _facts_key(self, facts) -> str:
-        # An order-free hash of the game and its fact set: stable 64-bit digests, summed. Fact
-        # objects carry a Python-level __hash__, slow in a dict; so digests are memoised by id(),
-        # and the memo keeps each fact alive, which keeps its id from being reused by another.
-        codes = self._fact_codes
-        try:
-            total = sum(map(codes.__getitem__, map(id, facts)), self._game_code)  # the common case, in C
-        except KeyError:
-            total = self._game_code
-            for f in facts:
-                c = codes.get(id(f))
-                if c is None:
-                    c = codes[id(f)] = int.from_bytes(hashlib.blake2b(str(f).encode(), digest_size=8).digest(), "big")
-                    self._fact_refs.append(f)
-                total += c
-        return f"{total & 0xFFFFFFFFFFFFFFFF:016x}"
+        self._score, self._won, self._lost = gs["score"], gs["won"], gs["lost"]
+        # The engine sums the facts' digests; adding the game's code keeps different games' keys apart.
+        self._key = f"{(gs['facts_sum'] + self._game_code) & 0xFFFFFFFFFFFFFFFF:016x}"
 
     # ----- TextEnv hooks --------------------------------------------------------------------
     def _build_tools(self) -> list[Tool]:
@@ -220,16 +189,15 @@ class TextWorldEnv(WalkthroughMixin, TextEnv):
             "required": ["command"],
             "additionalProperties": False,
         }
-        # No timeout: the engine runs in C, where an alarm cannot interrupt it; a hung game is
-        # handled by the rollout's subprocess workers, which kill and restart the env.
+        # No tool timeout: an alarm cannot interrupt the engine's C code; its deadline is enforced
+        # around the engine's child process instead (``EngineBacked``).
         return [Tool("act", "Send one text command to the game, e.g. 'go north' or 'take coin'.",
                      params, self._act, timeout_s=None)]
 
     def _reset_task(self, task_id: str) -> list[Message]:
         self._record = self._by_id[task_id]
         self._game_code = int(self._record.content_hash[:16], 16)  # keys of different games differ
-        gs = self._start(self._record)
-        self._moves = None
+        gs = self._engine_reset(str(self._folder / self._record.file))
         self._observe(gs)
         self._turn_score, self._turn_won = self._score, False
         self._wt_pos, self._on_path, self._rejected = 0, True, False
@@ -246,7 +214,7 @@ class TextWorldEnv(WalkthroughMixin, TextEnv):
         if problem:
             raise ValueError(problem)
         key_before = self._key
-        gs, _, _ = self._tw.step(cmd)
+        gs = self._engine_step("step", cmd)
         self._observe(gs)
         text = clean_feedback(gs["feedback"])
         if _REJECTED.search(text):
@@ -262,7 +230,8 @@ class TextWorldEnv(WalkthroughMixin, TextEnv):
         valid = bool(parsed.calls) and not self._rejected and not any(r.is_error for r in results)
         self._turn_score, self._turn_won, self._rejected = self._score, self._won, False
         info = {"won": self._won, "lost": self._lost, "score": self._score, "max_score": self._record.max_score}
-        return StepOutcome(reward=reward, terminated=self._won or self._lost, action_valid=valid, info=info)
+        return StepOutcome(reward=reward, terminated=self._won or self._lost, action_valid=valid, info=info,
+                           truncated_reason=self._cut_reason)
 
     def state_key(self) -> str:
         return self._key
@@ -301,7 +270,5 @@ class TextWorldEnv(WalkthroughMixin, TextEnv):
         return list(self._by_id[task_id or self._task_id].walkthrough)
 
     def close(self) -> None:
-        if self._tw is not None:
-            self._tw.close()
-            self._tw, self._loaded = None, None
+        self._close_engine()
         super().close()
