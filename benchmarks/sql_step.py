@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     kw = {"suite": "spider", "data_dir": args.data_dir} if args.data_dir else {"suite": "synthetic"}
-    env = turngym.make("turngym/SQL-synthetic-v0", split="all", **kw)
+    env = turngym.make("turngym/SQL-synthetic-v1", split="all", **kw)
     tasks = env.unwrapped.tasks
     raw_conns: dict[str, sqlite3.Connection] = {}
     t_gym = t_raw = 0.0

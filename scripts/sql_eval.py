@@ -31,7 +31,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--data-dir", default=None, help="local data folder (e.g. ../shared/data) for Spider")
     args = ap.parse_args()
-    runs = [("turngym/SQL-synthetic-v0", {"split": "all"})]
+    runs = [("turngym/SQL-synthetic-v1", {"split": "all"})]
     if args.data_dir:
         from turngym.envs.sql.spider import load_spider
 
@@ -40,7 +40,7 @@ def main() -> None:
               f"{len(suite.failed)} whose gold SQL fails")
         for task, err in suite.failed:
             print(f"  FAILING GOLD {task.task_id}: {err}\n    {task.gold_sql}")
-        runs.append(("turngym/SQL-spider-v0", {"split": "all", "data_dir": args.data_dir}))
+        runs.append(("turngym/SQL-spider-v1", {"split": "all", "data_dir": args.data_dir}))
     for env_id, kw in runs:
         for name, agent in (("oracle", OracleAgent()), ("random", RandomAgent(seed=0))):
             rate, by, n = evaluate(env_id, agent, **kw)

@@ -27,7 +27,7 @@ SWE_KW = {"sandbox": "local", "n_tasks": 2, "command_timeout_s": 5.0, "test_time
 FAMILIES = {
     "textworld": ("turngym/TextWorld-easy-v0", {"num_games": 1}, None),
     "alfworld": ("turngym/ALFWorld-v0", {"max_games": 2}, None),
-    "sql": ("turngym/SQL-synthetic-v0", {}, 2.0),
+    "sql": ("turngym/SQL-synthetic-v1", {}, 2.0),
     "search": ("turngym/Search-synthetic-v0", {}, 30.0),
     "swe": ("turngym/SWE-synthetic-v0", SWE_KW, 10.0),
     "wordle": ("turngym/Wordle-v0", {}, 10.0),

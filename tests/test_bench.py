@@ -153,11 +153,11 @@ def test_compare_unpaired_when_specs_differ(tmp_path):
 def test_missing_data_entry_is_skipped_with_a_message(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("TURNGYM_DATA", str(tmp_path / "empty"))
     monkeypatch.setenv("TURNGYM_CACHE", str(tmp_path / "cache"))
-    register_suite("test-missing", [("turngym/SQL-spider-v0", "test", 2), (TOY, "", 2)])
+    register_suite("test-missing", [("turngym/SQL-spider-v1", "test", 2), (TOY, "", 2)])
     res = run_bench(_cfg(tmp_path, suite="test-missing", in_process=True))
-    why = res["skipped"]["turngym/SQL-spider-v0"]
+    why = res["skipped"]["turngym/SQL-spider-v1"]
     assert "DataNotFound" in why and "turngym data download spider" in why
-    assert "[bench] skipping turngym/SQL-spider-v0" in capsys.readouterr().out
+    assert "[bench] skipping turngym/SQL-spider-v1" in capsys.readouterr().out
     assert list(res["envs"]) == [TOY] and res["envs"][TOY]["success"] == 1.0
     assert "Skipped:" in (tmp_path / "run" / "results.md").read_text()
 

@@ -112,7 +112,7 @@ def test_turn_limit_truncates_and_reset_starts_over():
 
 
 def test_a_text_format_env_cannot_call_its_second_tool_and_says_so():
-    session = EnvSession(turngym.make("turngym/SQL-synthetic-v0", tool_format="text"))
+    session = EnvSession(turngym.make("turngym/SQL-synthetic-v1", tool_format="text"))
     session.reset(task_id=session.base.task_ids[0], seed=0)
     first, second = session.base.tools.names[:2]
     with pytest.raises(StepError, match=rf"cannot express a call to '{second}'.*tool_format=hermes"):

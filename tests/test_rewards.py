@@ -185,10 +185,10 @@ def test_shaped_variants_are_registered_for_textworld_and_sql():
 
     from turngym.envs import wrappers
 
-    assert wrappers.shaped_id("turngym/SQL-synthetic-v0") == "turngym/SQL-synthetic-shaped-v0"
-    for env_id in ("turngym/TextWorld-easy-shaped-v0", "turngym/SQL-synthetic-shaped-v0"):
+    assert wrappers.shaped_id("turngym/SQL-synthetic-v1") == "turngym/SQL-synthetic-shaped-v1"
+    for env_id in ("turngym/TextWorld-easy-shaped-v0", "turngym/SQL-synthetic-shaped-v1"):
         assert env_id in gym.registry
-    env = turngym.make("turngym/SQL-synthetic-shaped-v0", shaping="valid_call", bonus=0.2)
+    env = turngym.make("turngym/SQL-synthetic-shaped-v1", shaping="valid_call", bonus=0.2)
     env.reset(seed=0)
     _, reward, _, _, info = env.step("<list_tables></list_tables>")
     assert info["action_valid"] and reward == pytest.approx(0.2) and info["shaped_bonus"] == 0.2

@@ -76,7 +76,7 @@ def test_null_token_becomes_sql_null_and_the_env_grades_with_it(spider_dir, capl
     suite, _ = _load(spider_dir, caplog)  # default caps: the 30-row gold stays
     assert len(suite.tasks) == 3
     with pytest.warns(UserWarning, match="audit"):
-        env = turngym.make("turngym/SQL-spider-v0", data_dir=str(spider_dir.parent), split="all").unwrapped
+        env = turngym.make("turngym/SQL-spider-v1", data_dir=str(spider_dir.parent), split="all").unwrapped
     count_task = next(t for t in env.task_ids if env.tasks[t].gold_sql == QUESTIONS[0][1])
     env.reset(seed=0, options={"task_id": count_task})
     assert env.db.run(QUESTIONS[0][1])[1] == [(2,)]  # "NULL" and "" only; "Null" is a name of a city
@@ -95,7 +95,7 @@ def test_null_token_becomes_sql_null_and_the_env_grades_with_it(spider_dir, capl
 def test_strict_columns_option(spider_dir, caplog):
     _load(spider_dir, caplog)
     with pytest.warns(UserWarning, match="audit"):
-        env = turngym.make("turngym/SQL-spider-v0", data_dir=str(spider_dir.parent), split="all", strict_columns=True).unwrapped
+        env = turngym.make("turngym/SQL-spider-v1", data_dir=str(spider_dir.parent), split="all", strict_columns=True).unwrapped
     by_id = next(t for t in env.task_ids if env.tasks[t].gold_sql == QUESTIONS[4][1])
     env.reset(seed=0, options={"task_id": by_id})
     _, reward, *_ = env.step("<submit>SELECT city, name FROM keeper ORDER BY id</submit>")

@@ -58,7 +58,7 @@ ATTACKS = [
 
 
 def _shop_env(**kw):
-    env = turngym.make("turngym/SQL-synthetic-v0", split="all", **kw).unwrapped
+    env = turngym.make("turngym/SQL-synthetic-v1", split="all", **kw).unwrapped
     task = next(t for t in env.task_ids if t.startswith("shop-"))
     env.reset(seed=0, options={"task_id": task})
     return env
@@ -115,8 +115,8 @@ def test_tools_and_json_info():
 
 
 def test_reset_is_deterministic_and_splits_are_disjoint():
-    tr = turngym.make("turngym/SQL-synthetic-v0", split="train").unwrapped
-    te = turngym.make("turngym/SQL-synthetic-v0", split="test").unwrapped
+    tr = turngym.make("turngym/SQL-synthetic-v1", split="train").unwrapped
+    te = turngym.make("turngym/SQL-synthetic-v1", split="test").unwrapped
     assert tr.task_ids and te.task_ids and not set(tr.task_ids) & set(te.task_ids)
     a, _ = tr.reset(seed=3)
     b, _ = tr.reset(seed=3)
@@ -125,7 +125,7 @@ def test_reset_is_deterministic_and_splits_are_disjoint():
 
 
 def test_partial_credit_and_wrong_answer():
-    env = turngym.make("turngym/SQL-synthetic-v0", split="all", partial_credit=True).unwrapped
+    env = turngym.make("turngym/SQL-synthetic-v1", split="all", partial_credit=True).unwrapped
     task = next(t for t in env.tasks.values() if t.gold_sql.startswith("SELECT name FROM products WHERE category"))
     env.reset(seed=0, options={"task_id": task.task_id})
     n = len(env.db.fetch_all(task.gold_sql)[1])
@@ -149,10 +149,10 @@ def _success(env_id, agent, ids, **kw):
 
 @pytest.mark.parametrize("fmt", ["xml", "hermes", "openai", "text"])
 def test_oracle_solves_synthetic_suite_and_random_does_not(fmt):
-    ids = turngym.make("turngym/SQL-synthetic-v0", split="all").unwrapped.task_ids
+    ids = turngym.make("turngym/SQL-synthetic-v1", split="all").unwrapped.task_ids
     assert len(ids) >= 60
-    oracle = _success("turngym/SQL-synthetic-v0", OracleAgent(), ids, split="all", tool_format=fmt)
-    rand = _success("turngym/SQL-synthetic-v0", RandomAgent(seed=1), ids, split="all", tool_format=fmt)
+    oracle = _success("turngym/SQL-synthetic-v1", OracleAgent(), ids, split="all", tool_format=fmt)
+    rand = _success("turngym/SQL-synthetic-v1", RandomAgent(seed=1), ids, split="all", tool_format=fmt)
     assert oracle >= 0.99
     assert rand <= 0.3 and rand < oracle - 0.5
 
@@ -169,15 +169,15 @@ def test_spider_builds_all_databases_and_oracle_is_perfect(shared_data):
         print(f"  failing gold {task.task_id}: {err}: {task.gold_sql}")
     assert len(suite.tasks) + len(suite.failed) == 623
     env_kw = {"data_dir": str(shared_data), "split": "all"}
-    ids = turngym.make("turngym/SQL-spider-v0", **env_kw).unwrapped.task_ids
+    ids = turngym.make("turngym/SQL-spider-v1", **env_kw).unwrapped.task_ids
     assert len(ids) == len(suite.tasks)
-    assert _success("turngym/SQL-spider-v0", OracleAgent(), ids, **env_kw) == 1.0
+    assert _success("turngym/SQL-spider-v1", OracleAgent(), ids, **env_kw) == 1.0
 
 
 @pytest.mark.data
 def test_spider_split_is_by_database(shared_data):
-    tr = turngym.make("turngym/SQL-spider-v0", data_dir=str(shared_data), split="train").unwrapped
-    te = turngym.make("turngym/SQL-spider-v0", data_dir=str(shared_data), split="test").unwrapped
+    tr = turngym.make("turngym/SQL-spider-v1", data_dir=str(shared_data), split="train").unwrapped
+    te = turngym.make("turngym/SQL-spider-v1", data_dir=str(shared_data), split="test").unwrapped
     dbs = lambda e: {e.tasks[t].db_id for t in e.task_ids}  # noqa: E731
     assert dbs(tr) and dbs(te) and not dbs(tr) & dbs(te)
     assert len(dbs(tr) | dbs(te)) == 12

@@ -38,7 +38,7 @@ def db(tmp_path):
 
 
 def _shop_env(fmt="hermes"):
-    env = turngym.make("turngym/SQL-synthetic-v0", split="all", tool_format=fmt, timeout_s=0.5).unwrapped
+    env = turngym.make("turngym/SQL-synthetic-v1", split="all", tool_format=fmt, timeout_s=0.5).unwrapped
     env.reset(seed=0, options={"task_id": next(t for t in env.task_ids if t.startswith("shop-"))})
     return env
 
@@ -208,7 +208,7 @@ def test_byte_cap_refuses_a_huge_result_without_holding_it(tmp_path, db):
 
 
 def test_submit_of_a_huge_result_is_an_error_observation():
-    env = turngym.make("turngym/SQL-synthetic-v0", split="all", max_bytes=500_000).unwrapped
+    env = turngym.make("turngym/SQL-synthetic-v1", split="all", max_bytes=500_000).unwrapped
     env.reset(seed=0, options={"task_id": env.task_ids[0]})
     obs, reward, terminated, _, info = env.step(f"<submit>{_BLOBS.format(n=1000, size=99_000)}</submit>")
     assert "larger than 500,000 bytes" in obs[0].content and not terminated and info["action_valid"] is False

@@ -106,7 +106,7 @@ _T = "turngym/"
 _BUILTIN = {
     "textworld": [(f"{_T}TextWorld-{lvl}-v0", "test", 30) for lvl in ("easy", "medium", "hard")],
     "alfworld": [(f"{_T}ALFWorld-v0", "test", 30)],
-    "sql": [(f"{_T}SQL-synthetic-v0", "test", 30), (f"{_T}SQL-spider-v0", "test", 30)],
+    "sql": [(f"{_T}SQL-synthetic-v1", "test", 30), (f"{_T}SQL-spider-v1", "test", 30)],
     "search": [(f"{_T}Search-synthetic-v0", "test", 30), (f"{_T}Search-hotpotqa-v0", "test", 30)],
     # Each SWE episode builds a sandbox and runs the hidden tests, hence fewer episodes.
     "swe": [(f"{_T}SWE-synthetic-v0", "test", 20), (f"{_T}SWE-quixbugs-v0", "test", 20)],

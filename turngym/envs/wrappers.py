@@ -11,7 +11,7 @@ Behaviour shared by many envs is a wrapper, not a flag on every env (STYLE 12):
   of each step, where ``turngym.rewards.ToolUseReward`` reads it.
 
 Shaped variants of the TextWorld and SQL envs are registered when this module is imported, as
-``turngym/TextWorld-easy-shaped-v0``, ``turngym/SQL-synthetic-shaped-v0``, ... (``shaping`` and
+``turngym/TextWorld-easy-shaped-v0``, ``turngym/SQL-synthetic-shaped-v1``, ... (``shaping`` and
 ``bonus`` are make-time kwargs). Without importing it first, name the module in the id, as
 Gymnasium allows: ``turngym.make("turngym.envs.wrappers:turngym/TextWorld-easy-shaped-v0")``.
 ``register_shaped(base_id)`` makes a shaped variant of any other registered env.

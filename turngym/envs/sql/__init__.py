@@ -1,16 +1,20 @@
-"""SQL environments: text-to-SQL with tools over read-only SQLite, scored by execution accuracy."""
+"""SQL environments: text-to-SQL with tools over read-only SQLite, scored by execution accuracy.
+
+v1 (2026-11-23): accuracy follows the official Spider metric (columns in any order, no float rounding,
+rows ordered when the gold query has ORDER BY anywhere); v0 compared columns in order and rounded floats.
+"""
 
 from turngym.envs.registry import register
 
 register(
-    "turngym/SQL-synthetic-v0",
+    "turngym/SQL-synthetic-v1",
     entry_point="turngym.envs.sql.env:SQLEnv",
     kwargs={"suite": "synthetic"},
     max_turns=10,
     description="Text-to-SQL over 3 generated databases (shop, school, flights); easy/medium/hard",
 )
 register(
-    "turngym/SQL-spider-v0",
+    "turngym/SQL-spider-v1",
     entry_point="turngym.envs.sql.env:SQLEnv",
     kwargs={"suite": "spider"},
     max_turns=10,
