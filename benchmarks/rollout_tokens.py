@@ -25,14 +25,19 @@ on both, and prints both throughputs, their ratio and how many turns sampled ide
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
-import torch
+# torch's OpenMP threads must wait passively on shared cores (turngym/__init__.py explains); this
+# script imports torch before turngym, so it sets the policy itself
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from turngym.agents.base import SamplingParams
-from turngym.agents.default_model import load_default_model
-from turngym.agents.hf import HFPolicy
-from turngym.rollout import episode_specs, make_env_factory, rollout
+import torch  # noqa: E402
+
+from turngym.agents.base import SamplingParams  # noqa: E402
+from turngym.agents.default_model import load_default_model  # noqa: E402
+from turngym.agents.hf import HFPolicy  # noqa: E402
+from turngym.rollout import episode_specs, make_env_factory, rollout  # noqa: E402
 
 
 class Timed:
@@ -50,7 +55,8 @@ class Timed:
 
 def play(policy, args, sampling):
     timed = Timed(policy)
-    env = make_env_factory(args.env, split=args.split)
+    kwargs = {"split": args.split, **({"max_turns": args.max_turns} if args.max_turns else {})}
+    env = make_env_factory(args.env, **kwargs)
     task_ids = env().unwrapped.task_ids
     trajs = rollout(timed, env, episode_specs(task_ids[: args.episodes], args.episodes), sampling=sampling,
                     num_envs=args.episodes, progress=False)
@@ -154,18 +160,20 @@ def bench_vllm_vs_hf(args) -> None:
 
     torch.set_num_threads(args.threads) if args.threads else None
     sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
-    folder = model_dir()
-    t0 = time.perf_counter()
-    vpol = VLLMPolicy(str(folder), dtype="float32", max_model_len=4096)
-    start_s = time.perf_counter() - t0
-    model, tok = load_default_model()
-    hpol = HFPolicy(model, tok)
     from turngym.agents.base import Conversation
     from turngym.types import Message
 
-    for pol in (hpol, vpol):  # warm-up outside the timed runs
-        pol.act([Conversation([Message("user", "hello")])], SamplingParams(temperature=0.0, max_new_tokens=4))
+    hello = [Conversation([Message("user", "hello")])]
+    # HF first, before the engine exists, so the two never share the cores
+    model, tok = load_default_model()
+    hpol = HFPolicy(model, tok)
+    hpol.act(hello, SamplingParams(temperature=0.0, max_new_tokens=4))  # warm-up outside the timed runs
     trajs_h, tok_h, sec_h = play(hpol, args, sampling)
+    del hpol, model
+    t0 = time.perf_counter()
+    vpol = VLLMPolicy(str(model_dir()), dtype="float32", max_model_len=4096)
+    start_s = time.perf_counter() - t0
+    vpol.act(hello, SamplingParams(temperature=0.0, max_new_tokens=4))
     trajs_v, tok_v, sec_v = play(vpol, args, sampling)
     pairs = [(a.action_ids, b.action_ids) for x, y in zip(trajs_h, trajs_v) for a, b in zip(x.turns, y.turns)]
     print(f"env: {args.env} ({args.split}), {len(trajs_h)} episodes played at once, max_new_tokens {args.max_new_tokens}; "
@@ -183,6 +191,7 @@ def main() -> None:
     p.add_argument("--split", default="test")
     p.add_argument("--episodes", type=int, default=8, help="episodes, all played at once (batch size)")
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-turns", type=int, default=0, help="override the env's turn limit (0: the env's own)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--vllm", default=None, help="model path: benchmark VLLMPolicy vs raw LLM.generate instead")
     p.add_argument("--vllm-vs-hf", action="store_true", help="VLLMPolicy vs HFPolicy on the same episodes (CPU ok)")
