@@ -174,3 +174,30 @@ def test_attacks_score_zero_on_quixbugs(attack, shared_data):
             assert reward == 0.0, (tid, out)
     finally:
         env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suite", ["synthetic", "quixbugs"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_oracle_scores_one_on_every_task(backend, suite, request):
+    """The gold patch earns 1.0 on all 15 synthetic test tasks and all 20 QuixBugs programs."""
+    from turngym.agents.scripted import OracleAgent
+    from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+
+    if backend != "local" and skip_reason(backend):
+        pytest.skip(skip_reason(backend))
+    kwargs = dict(sandbox=backend, scripted_hints=True, pool_size=1)
+    if suite == "quixbugs":
+        data = request.getfixturevalue("shared_data")
+        if not (data / "quixbugs" / "python_programs").is_dir():
+            pytest.skip(f"no QuixBugs copy in {data}")
+        kwargs.update(split="all", data_dir=str(data))  # levenshtein's reference needs ~4 CPU s on one case
+    else:
+        kwargs.update(split="test")
+    env = turngym.make(f"turngym/SWE-{suite}-v0", **kwargs)
+    ids = list(env.unwrapped.task_ids)
+    env.close()
+    assert len(ids) == (15 if suite == "synthetic" else 20)
+    trajs = rollout(OracleAgent(), make_env_factory(f"turngym/SWE-{suite}-v0", **kwargs), episode_specs(ids, len(ids)),
+                    num_envs=1, progress=False)
+    assert {t.task_id: t.outcome for t in trajs} == {t: 1.0 for t in ids}

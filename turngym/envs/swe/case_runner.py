@@ -10,17 +10,21 @@ case module (which imports the agent's code), calls the case function, and sends
 the target functions returned, encoded as plain JSON. The parent waits with a deadline, kills the
 child's process group, and writes one line per case to its stdout, prefixed with the request's
 nonce; the child's stdout is redirected to stderr, so nothing the agent prints lands there.
+A case's time limit is CPU time (RLIMIT_CPU), so a loaded machine does not fail a correct fix;
+a wall-clock deadline of a few times that catches code that sleeps.
 
 Request (JSON on stdin): ``nonce``, ``root`` (the directory holding the code), ``module`` (the
 case module's source), ``cases`` (case function names, run in order), ``targets`` (names in the
-module whose calls are recorded), ``timeout`` (seconds per case), ``max_bytes`` (per case).
+module whose calls are recorded), ``timeout`` (CPU seconds per case), ``max_bytes`` (per case).
 Line per case: ``{"case": i, "status": "ok" | "error" | "timeout", "result" | "error": ...}``;
 the runner stops at the first case that is not ok (a failed case fails the task); last line
 ``{"done": true}``.
 """
 
 import json
+import math
 import os
+import resource
 import select
 import signal
 import sys
@@ -29,6 +33,7 @@ import types
 
 MAX_ITEMS = 200_000  # encoded values per case; past it the result is "truncated" (a fail)
 MAX_DEPTH = 200
+WALL_FACTOR, WALL_SLACK_S = 3.0, 2.0  # wall-clock deadline = 3 x the CPU limit + 2 s
 
 
 class Encoder:
@@ -117,6 +122,8 @@ def run_case(req, i):
 
 def child(req, i, w):
     os.setpgid(0, 0)
+    cpu = max(1, math.ceil(float(req["timeout"])))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the limit, SIGKILL a second later
     os.dup2(2, 1)  # the agent's prints go to stderr, never to the result channel
     try:
         data = json.dumps(run_case(req, i)).encode()
@@ -131,7 +138,8 @@ def child(req, i, w):
 
 
 def wait_case(pid, r, deadline, max_bytes):
-    """Read the child's answer until EOF or the deadline; kill its group; (status, bytes)."""
+    """Read the child's answer until EOF or the deadline; kill its group; (status, bytes).
+    A child killed by its CPU limit timed out too."""
     buf = b""
     status = "ok"
     while True:
@@ -153,8 +161,10 @@ def wait_case(pid, r, deadline, max_bytes):
         os.killpg(pid, signal.SIGKILL)
     except OSError:
         pass
-    os.waitpid(pid, 0)
+    _, code = os.waitpid(pid, 0)
     os.close(r)
+    if os.WIFSIGNALED(code) and os.WTERMSIG(code) == signal.SIGXCPU:
+        status = "timeout"
     return status, buf
 
 
@@ -180,7 +190,8 @@ def main():
             os.close(out)
             child(req, i, w)
         os.close(w)
-        status, data = wait_case(pid, r, time.monotonic() + float(req["timeout"]), int(req["max_bytes"]))
+        wall = WALL_FACTOR * float(req["timeout"]) + WALL_SLACK_S
+        status, data = wait_case(pid, r, time.monotonic() + wall, int(req["max_bytes"]))
         try:
             payload = json.loads(data) if status == "ok" else None
         except ValueError:
