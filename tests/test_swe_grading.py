@@ -51,6 +51,9 @@ def test_decode_compares_like_python_eq():
     assert same(1, 1.0) and same({"a": 1, "b": 2}, {"b": 2, "a": 1}) and same(True, 1)
     assert not same([1, 2], (1, 2)) and not same([1, 2], [2, 1]) and not same("1", 1)
     assert not same(FakeInt(5), 5) and not same(None, False)
+    assert not same(FakeInt(5), FakeInt(5))  # an unreadable value equals nothing, not even itself
+    with pytest.raises(ValueError, match="cannot compare"):
+        grading.check_gradable(encoded_calls([FakeInt(5)]))
     with pytest.raises(ValueError):
         grading.decode({"calls": [{"nonsense": 1}]})
 
@@ -64,6 +67,16 @@ def line(nonce, obj):
 
 def ok(i, value):
     return {"case": i, "status": "ok", "result": encoded_calls([value])}
+
+
+def test_every_synthetic_expected_value_is_gradable():
+    from turngym.envs.swe.synthetic import synthetic_task, synthetic_task_ids
+
+    for tid in synthetic_task_ids("train") + synthetic_task_ids("test"):
+        suite = synthetic_task(tid).hidden_cases
+        assert len(suite.expected) == len(suite.cases) >= 8
+        for case, record in zip(suite.cases, suite.expected):
+            grading.check_gradable(record, case)
 
 
 def test_report_parsing_and_verdict():

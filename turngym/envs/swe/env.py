@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import tarfile
 from typing import Any
 
 from turngym.envs.base import StepOutcome, TextEnv
@@ -266,7 +267,7 @@ class SWEEnv(TextEnv):
         box, task = self._box(), self._task
         try:
             files = grading.collect_sources(box, task.source_files)
-        except (SandboxError, OSError) as e:
+        except (SandboxError, OSError, tarfile.TarError) as e:
             files, why = None, f"grading failed: cannot read your files ({e})"
         self._submitted = True
         self._close_sandbox()  # nothing the agent started outlives this: grading happens elsewhere
