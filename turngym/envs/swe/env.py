@@ -57,7 +57,7 @@ class SWEEnv(TextEnv):
         sandbox_config: Sandbox limits (default: ``SandboxConfig(timeout_s=command_timeout_s)``).
         pool_size: Warm Docker containers kept ready for resets.
         command_timeout_s: Limit for one ``bash`` command.
-        test_timeout_s: Limit for one test (pytest-timeout) or one hidden case.
+        test_timeout_s: Limit for one visible test (pytest-timeout), and CPU seconds for one hidden case.
         grade_timeout_s: Limit for a whole test run (visible tests or grading).
         **kw: ``TextEnv`` arguments (``tool_format``, ``scripted_hints``, ...).
 
@@ -122,7 +122,7 @@ class SWEEnv(TextEnv):
     def _step_outcome(self, parsed, results) -> StepOutcome:
         touched = any(c.name in ("bash", "edit_file") for c in parsed.calls)
         file_modified = False
-        if touched and self._sb is not None and not self._sb.closed and not self._submitted:
+        if touched and self._sb is not None and not self._sb.closed:
             try:
                 digest = self._repo_digest()
             except SandboxError:
