@@ -179,3 +179,11 @@ def test_quixbugs_cases_hold_inputs_only_and_agree_with_the_dataset(qb):
             assert name != "shortest_paths" or len([x for x in lits if len(x) > 20]) == 2  # it sees them
             for lit in lits:  # no asserted value reaches the sandbox
                 assert len(lit) < 3 or lit not in suite.module, (tid, lit)
+
+
+def test_a_noisy_fix_still_passes():
+    """Megabytes on stdout/stderr from the agent's code are cut from the log, not from the results."""
+    body = "import sys\ndef f(x):\n    print('y' * 3_000_000)\n    sys.stderr.write('z' * 3_000_000)\n    return x * x\n"
+    with make_sandbox("local") as box:
+        ok_, summary = grading.grade_in_fresh_sandbox(box, CASES, {"pkg/__init__.py": "", "pkg/mod.py": body}, 5.0, 60)
+    assert ok_, summary

@@ -52,7 +52,7 @@ def grade_in_fresh_sandbox(box: Sandbox, suite: CaseSuite, files: dict[str, str]
                "timeout": case_timeout_s, "max_bytes": MAX_REPORT_BYTES // max(1, len(suite.cases)), "nonce": nonce}
     res = box.exec([*_PY, "-c", RUNNER_SOURCE], timeout=timeout_s, stdin=json.dumps(request).encode(),
                    max_output=MAX_REPORT_BYTES)
-    if res.truncated:
+    if res.stdout_bytes > len(res.stdout.encode()):  # stderr (the agent's prints) may be cut; results may not
         return False, "the test run produced more output than the grader accepts"
     return judge(suite, parse_report(res.stdout, nonce, len(suite.cases)), res.timed_out)
 
