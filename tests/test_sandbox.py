@@ -239,3 +239,32 @@ def test_recipe_hash_names_cache_and_image():
     assert image.rootfs_tar_path().name == f"rootfs-{image.recipe_hash()}.tar"
     assert image.image_tag() == f"turngym/sandbox:{image.image_hash()}" and image.image_hash() != image.recipe_hash()
     assert "python3-pytest" in image.PACKAGES and image.DOCKERFILE.count("USER 1000:1000") == 1
+
+
+def test_cgroup_is_made_with_its_limits_and_removed():
+    from turngym.tools.sandbox.cgroup import SandboxCgroup
+
+    group, why = SandboxCgroup.create(256 * 2**20, 64)
+    if group is None:
+        pytest.skip(f"no cgroup can be made here: {why}")
+    limits = {"memory.limit_in_bytes": 256 * 2**20, "memory.max": 256 * 2**20, "pids.max": 64}
+    seen = {f: int(open(d / f).read()) for d in group.dirs for f in limits if (d / f).exists()}
+    assert seen and all(limits[f] == v for f, v in seen.items()) and "pids.max" in seen
+    group.remove()
+    assert not any(d.exists() for d in group.dirs)
+
+
+def test_bwrap_without_a_cgroup_says_what_caps_memory(monkeypatch):
+    from turngym.tools.sandbox import cgroup
+
+    reason = skip_reason("bwrap")
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setattr(cgroup.SandboxCgroup, "create", classmethod(lambda cls, *a, **k: (None, "not delegated")))
+    box = make_sandbox("bwrap", SandboxConfig(memory_mb=256))
+    try:
+        assert box.memory_enforcement == "RLIMIT_AS per process only (not delegated)"
+        res = box.exec(["python3", "-c", "x = bytearray(512 * 2**20)"])
+        assert "MemoryError" in res.stderr, res.observation()  # the per-process cap still holds
+    finally:
+        box.close()

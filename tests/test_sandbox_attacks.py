@@ -137,3 +137,36 @@ def test_writing_outside_the_workdir_fails(sb):
         assert not Path(d, marker).exists()
     assert sb.exec(f"ls {'  '.join(d + marker for d in targets)}").exit_code != 0
     assert_alive(sb)
+
+
+def test_dev_shm_is_the_sandboxs_own_and_capped(sb):
+    res = sb.exec("for i in $(seq 1 8); do dd if=/dev/zero of=/dev/shm/f$i bs=1M count=64 status=none || break; done; "
+                  "du -sm /dev/shm | cut -f1", timeout=60)
+    assert int(res.stdout.split()[-1]) <= CONFIG.shm_size_mb, res.observation()
+    assert "No space left on device" in res.stderr, res.observation()
+    sb.exec("rm -f /dev/shm/f*")
+    assert_alive(sb)
+
+
+HOLD = ("for i in 1 2 3 4; do python3 -c 'import time; b = bytearray(300 * 2**20); b[::4096] = b\"x\" * len(b[::4096]); "
+        "print(\"held\", flush=True); time.sleep(3)' & done; wait")
+
+
+def test_memory_is_capped_for_the_whole_sandbox(sb):
+    """Four processes of 300 MB each cannot all live under memory_mb=512: the cap is on the sum."""
+    if getattr(sb, "cgroup", True) is None:
+        pytest.skip(f"no cgroup here: {sb.memory_enforcement}")
+    res = sb.exec(HOLD, timeout=60)
+    assert res.stdout.count("held") * 300 <= CONFIG.memory_mb, res.observation()
+    assert_alive(sb)
+
+
+def test_pid1_cannot_be_ptraced_or_killed(sb):
+    """PID 1 outlives every kill-all; if a command could ptrace it, code could hide there."""
+    attach = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]\n"
+              "r = libc.ptrace(16, 1, None, None)\nprint(r, os.strerror(ctypes.get_errno()))\n")
+    res = sb.exec(["python3", "-c", attach])
+    assert res.stdout.strip() == "-1 Operation not permitted", res.observation()
+    sb.exec("kill -9 1")
+    assert sb.exec("echo alive").stdout == "alive\n"

@@ -74,7 +74,7 @@ def _backend_or_skip() -> str:
 def test_oracle_solves_all_20_and_random_edits_almost_none(qb):
     backend = _backend_or_skip()
     factory = make_env_factory("turngym/SWE-quixbugs-v0", split="all", data_dir=str(qb.parent), sandbox=backend,
-                               scripted_hints=True, test_timeout_s=3)
+                               scripted_hints=True)  # levenshtein's reference needs ~4 CPU s on one case
     ids = quixbugs_task_ids(qb, "all")
     trajs = rollout(OracleAgent(), factory, episode_specs(ids, len(ids)), num_envs=1, progress=False)
     assert {t.task_id: t.outcome for t in trajs} == {t: 1.0 for t in ids}

@@ -3,9 +3,11 @@
 Each episode gets a fresh sandbox (a warm container on Docker) holding the repo at its buggy
 state, without git history and without the hidden tests. The agent works through ``bash``,
 ``view_file``, ``edit_file`` and ``run_tests`` (visible tests only) and ends with ``submit``.
-Grading then kills whatever the agent left running, copies the repo's source files into a
-fresh directory, restores the original test support files, adds the hidden tests, and runs
-pytest there in one fresh exec. The outcome is 1 when every hidden test passes.
+Grading (``grading.py``) then kills whatever the agent left running, reads only the allow-listed
+source files out of its sandbox, closes it, and runs the hidden cases on those files in a second,
+fresh sandbox where no agent process ever ran. The agent's code returns values there; this
+process compares them with the expected ones, which never enter a sandbox. The outcome is 1 when
+every hidden case returns the expected values.
 
 Signals for G-RA / metrics in ``info``: ``file_modified`` (this step changed the repo),
 ``visible_tests_passed`` (fraction, on steps that ran them), ``modified`` and ``submitted``
@@ -15,13 +17,12 @@ Signals for G-RA / metrics in ``info``: ``file_modified`` (this step changed the
 from __future__ import annotations
 
 import hashlib
-import io
 import re
-import shlex
 import tarfile
 from typing import Any
 
 from turngym.envs.base import StepOutcome, TextEnv
+from turngym.envs.swe import grading
 from turngym.envs.swe.task import SWETask, apply_edit
 from turngym.tools.base import Tool
 from turngym.tools.sandbox import Sandbox, SandboxConfig, SandboxError, SandboxProvider
@@ -56,7 +57,7 @@ class SWEEnv(TextEnv):
         sandbox_config: Sandbox limits (default: ``SandboxConfig(timeout_s=command_timeout_s)``).
         pool_size: Warm Docker containers kept ready for resets.
         command_timeout_s: Limit for one ``bash`` command.
-        test_timeout_s: Limit for one test (pytest-timeout), visible and hidden.
+        test_timeout_s: Limit for one visible test (pytest-timeout), and CPU seconds for one hidden case.
         grade_timeout_s: Limit for a whole test run (visible tests or grading).
         **kw: ``TextEnv`` arguments (``tool_format``, ``scripted_hints``, ...).
 
@@ -263,10 +264,17 @@ class SWEEnv(TextEnv):
         return res.observation(self.grade_timeout_s)
 
     def _submit(self) -> str:
-        box = self._box()
-        self._solved, summary = grade(box, self._task, self.test_timeout_s, self.grade_timeout_s)
+        box, task = self._box(), self._task
+        try:
+            files = grading.collect_sources(box, task.source_files)
+        except (SandboxError, OSError, tarfile.TarError) as e:
+            files, why = None, f"grading failed: cannot read your files ({e})"
         self._submitted = True
-        self._grade_report = f"Submitted. Hidden tests: {summary}"
+        self._close_sandbox()  # nothing the agent started outlives this: grading happens elsewhere
+        if files is not None:
+            self._solved, why = grading.grade(self._provider.new, task.hidden_cases, files, self.test_timeout_s,
+                                              self.grade_timeout_s)
+        self._grade_report = f"Submitted. Hidden tests: {why}"
         return "Submitted for grading."
 
     def _repo_digest(self) -> str:
@@ -299,46 +307,6 @@ class SWEEnv(TextEnv):
             calls.append(ToolCall("a", "view_file", {"path": path}))
             calls += _random_edits(path, text, self.np_random, 4)
         return [self.format.render_call(c) for c in calls]
-
-
-def grade(box: Sandbox, task: SWETask, test_timeout_s: float, timeout_s: float) -> tuple[bool, str]:
-    """Run the hidden tests on the agent's source files in a fresh directory, in one fresh exec.
-
-    Everything the agent left running is killed and its scratch dir is emptied first; the
-    original test support files are restored; pytest runs isolated (``python3 -I``, an explicit
-    ini file, rootdir and confcutdir), so planted conftest / ini / site files are not picked up.
-
-    Returns:
-        ``(all hidden tests passed, pytest's summary line)``.
-    """
-    box.kill_all()
-    box.exec(["find", box.scratch_dir, "-mindepth", "1", "-delete"], timeout=60)
-    files = {p: task.files[p] for p in task.test_support}
-    files.update(task.hidden_tests)
-    files[".turngym-grade.ini"] = "[pytest]\n"
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, text in sorted(files.items()):
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    tests = " ".join(shlex.quote(t) for t in task.graded_tests)
-    # -I: no user site-packages, no PYTHON* variables, no cwd on sys.path.
-    pytest = (f"python3 -I -m pytest -q -x -p no:cacheprovider -p timeout --timeout={test_timeout_s:g} "
-              f'-c "$G/.turngym-grade.ini" --rootdir "$G" --confcutdir "$G" {tests}')
-    script = (
-        f'G=$(mktemp -d "{box.scratch_dir}/grade.XXXXXX") || exit 90\n'
-        f'cd "{box.workdir}" || exit 91\n'
-        'for f in "$@"; do if [ -f "$f" ]; then mkdir -p "$G/$(dirname "$f")" && cp -- "$f" "$G/$f"; fi; done\n'
-        'tar --no-same-owner -C "$G" -xf - || exit 92\n'
-        f'cd "$G" && {pytest}\n'
-    )
-    res = box.exec(["sh", "-c", script, "grade", *task.source_files], timeout=timeout_s, stdin=buf.getvalue())
-    lines = [ln for ln in res.stdout.strip().splitlines() if ln.strip()]
-    summary = lines[-1] if lines else res.observation(timeout_s)[-300:]
-    passed = res.exit_code == 0 and "passed" in summary and not res.timed_out
-    return passed, summary
 
 
 def _files_digest(files: dict[str, str]) -> str:

@@ -3,7 +3,13 @@
 The repo mirrors QuixBugs' layout (``python_programs/``, ``python_testcases/``,
 ``json_testcases/``, its ``conftest.py``). The program's pytest file with all its cases is the
 hidden test. The visible test is a slice of it: the first JSON cases for data-driven tests, the
-first test function otherwise. The corrected program is the oracle patch. The data comes from
+first test function otherwise. The corrected program is the oracle patch.
+
+Grading runs the hidden tests as cases (``hidden_cases``): the JSON inputs, or each test function
+with its assertions and the values only they use taken out, so the sandbox sees inputs only. The
+expected values are what the corrected program returns on the same cases (computed on the host
+when the task is built). A case passes when every call returns a value ``==`` to the reference's,
+which is at least as strict as the original assertions. The data comes from
 ``turngym data download quixbugs``, ``$TURNGYM_DATA/quixbugs`` or an explicit ``data_dir``.
 """
 
@@ -14,7 +20,7 @@ import json
 import zlib
 from pathlib import Path
 
-from turngym.envs.swe.task import SWETask, make_edits
+from turngym.envs.swe.task import CaseSuite, SWETask, make_edits
 
 VISIBLE_JSON_CASES = 2
 SPLITS = ("train", "test", "all")
@@ -91,9 +97,108 @@ def quixbugs_task(root: Path, task_id: str) -> SWETask:
     return SWETask(
         task_id=task_id, statement=statement, files=files, hidden_tests=hidden,
         gold_edits=make_edits(f"python_programs/{name}.py", buggy, fixed),
-        test_support=support, visible_tests=[test_path], graded_tests=[test_path],
+        test_support=support, visible_tests=[test_path],
         task_type="quixbugs", metadata={"program": name, "cases": _count_cases(json_path)},
+        hidden_cases=quixbugs_cases(root, name, test_src, fixed, {p: files[p] for p in ("node.py",) if p in files}),
     )
+
+
+def quixbugs_cases(root: Path, name: str, test_src: str, fixed: str, support: dict[str, str]) -> CaseSuite:
+    """The hidden tests of ``name`` as cases, with the corrected program's results as expected values.
+
+    Raises:
+        NotImplementedError: The test file has a shape this conversion does not know.
+        RuntimeError: The corrected program fails a case.
+    """
+    from turngym.envs.swe.grading import reference_results
+
+    json_path = root / "json_testcases" / f"{name}.json"
+    if "load_json_testcases" in test_src:
+        module, cases = _json_cases(name, test_src, json_path)
+    else:
+        module, cases = _code_cases(name, test_src)
+    suite = CaseSuite(module, tuple(cases), (name,), support=support)
+    expected = reference_results(suite, {f"python_programs/{name}.py": fixed})
+    return CaseSuite(module, tuple(cases), (name,), expected, support)
+
+
+def _json_cases(name: str, test_src: str, json_path: Path) -> tuple[str, list[str]]:
+    """One case per JSON row, calling ``name(*input)``; the rows the test skips are left out."""
+    if f"{name}(*input_data)" not in test_src:
+        raise NotImplementedError(f"{name}: the test does not call {name}(*input_data)")
+    skipped = _skipped_inputs(test_src)
+    rows = [json.loads(ln) for ln in json_path.read_text().splitlines() if ln.strip()]
+    inputs = [row[0] for row in rows if row is not None and row[0] not in skipped]
+    lines = ["import json", f"from python_programs.{name} import {name}", "",
+             f"_INPUTS = json.loads({json.dumps(inputs)!r})", ""]
+    cases = []
+    for i in range(len(inputs)):
+        cases.append(f"case_{i}")
+        lines += ["", f"def case_{i}():", f"    {name}(*_INPUTS[{i}])", ""]
+    return "\n".join(lines), cases
+
+
+def _skipped_inputs(test_src: str) -> list:
+    """Inputs the test skips with ``if input_data == <literal>: pytest.skip(...)``."""
+    out = []
+    for node in ast.walk(ast.parse(test_src)):
+        if isinstance(node, ast.If) and "pytest.skip" in ast.unparse(node.body[0]):
+            t = node.test
+            if not (isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == "input_data"
+                    and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)):
+                raise NotImplementedError(f"a skip condition this conversion does not know: {ast.unparse(t)}")
+            out.append(ast.literal_eval(t.comparators[0]))
+    return out
+
+
+def _code_cases(name: str, test_src: str) -> tuple[str, list[str]]:
+    """The test module with the candidate imported, and each test function's assertions (and
+    the assignments only they read) removed: it builds the inputs and makes the calls."""
+    tree = ast.parse(test_src)
+    body, cases = [], []
+    for node in tree.body:
+        if isinstance(node, ast.Import) and [a.name for a in node.names] == ["pytest"]:
+            continue
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "pytest.use_correct":
+            body += node.orelse  # the buggy-program import: the agent's file
+            continue
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+            if node.decorator_list or node.args.args:
+                raise NotImplementedError(f"{name}: test {node.name} takes fixtures or parameters")
+            node.body = _without_checks(node.body)
+            cases.append(node.name)
+        body.append(node)
+    tree.body = body
+    src = ast.unparse(ast.fix_missing_locations(tree))
+    if "pytest" in src or not cases:
+        raise NotImplementedError(f"{name}: the test file has a shape this conversion does not know")
+    return src + "\n", cases
+
+
+def _without_checks(stmts: list[ast.stmt]) -> list[ast.stmt]:
+    """``stmts`` without docstrings and asserts, then without call-free assignments nothing reads
+    (``expected = [...]``): what is left builds inputs and calls."""
+    class Strip(ast.NodeTransformer):
+        def visit_Assert(self, node):
+            return None
+
+    fn = ast.Module(body=[s for s in stmts if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))],
+                    type_ignores=[])
+    fn = Strip().visit(fn)
+    while True:
+        read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        keep = [s for s in fn.body if not (
+            isinstance(s, ast.Assign) and all(isinstance(t, ast.Name) and t.id not in read for t in s.targets)
+            and not any(isinstance(n, ast.Call) for n in ast.walk(s.value)))]
+        if len(keep) == len(fn.body):
+            break
+        fn.body = keep
+    for node in ast.walk(fn):  # a block left empty by the stripping still needs a statement
+        for attr in ("body", "orelse"):
+            if attr in node._fields and isinstance(getattr(node, attr), list) and not getattr(node, attr) \
+                    and not (attr == "orelse" or isinstance(node, ast.Module)):
+                setattr(node, attr, [ast.Pass()])
+    return fn.body or [ast.Pass()]
 
 
 def first_test_only(src: str) -> str:

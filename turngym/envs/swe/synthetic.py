@@ -3,8 +3,9 @@
 Task ``i`` of a split is drawn from ``random.Random(f"swe-synthetic:{split}:{i}")``: a buggy
 function (templates are cycled so every one appears), one of its bugs, one or two correct
 companion functions, and package / module names. Expected test values come from calling the
-reference functions; the hidden tests hold each template's bug witnesses, so they always catch
-the bug, plus random cases. The gold patch is the inverse of the injected edit.
+reference functions; the hidden cases hold each template's bug witnesses, so they always catch
+the bug, plus random cases (``hidden_tests`` renders the same cases as a pytest file, for
+reference). The gold patch is the inverse of the injected edit.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import inspect
 import random
 
-from turngym.envs.swe.task import SWETask, make_edits
+from turngym.envs.swe.task import CaseSuite, SWETask, encoded_calls, make_edits
 from turngym.envs.swe.templates import TEMPLATES, Template
 
 SPLIT_SIZES = {"train": 45, "test": 15}
@@ -80,9 +81,22 @@ def synthetic_task(task_id: str) -> SWETask:
     return SWETask(
         task_id=task_id, statement=statement, files=files, hidden_tests={hidden_path: hidden},
         gold_edits=make_edits(code_path, header + buggy_src, header + correct),
-        test_support=[visible_path, "conftest.py"], visible_tests=[visible_path], graded_tests=[hidden_path],
+        test_support=[visible_path, "conftest.py"], visible_tests=[visible_path],
         task_type=bug.kind, metadata={"function": buggy.name, "bug": bug.kind},
+        hidden_cases=_case_suite(pkg, mod, funcs, hidden_cases),
     )
+
+
+def _case_suite(pkg: str, mod: str, funcs: list[Template], cases: dict[str, list[tuple]]) -> CaseSuite:
+    """The hidden tests as cases: one call each; expected values from the reference functions."""
+    lines = [f"from {pkg}.{mod} import {', '.join(t.name for t in funcs)}", ""]
+    names, expected = [], []
+    for t in funcs:
+        for args in cases[t.name]:
+            names.append(f"case_{len(names)}")
+            lines += ["", f"def {names[-1]}():", f"    {t.name}(*{args!r})", ""]
+            expected.append(encoded_calls([t.fn(*args)]))
+    return CaseSuite("\n".join(lines), tuple(names), tuple(t.name for t in funcs), tuple(expected))
 
 
 def _cases(t: Template, rng: random.Random, n: int) -> list[tuple]:

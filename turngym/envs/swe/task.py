@@ -1,9 +1,11 @@
-"""An SWE task (a repo at a buggy state, visible and hidden tests, a gold patch) and str-replace edits."""
+"""An SWE task (a repo at a buggy state, visible tests, hidden cases, a gold patch) and str-replace edits."""
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+
+from turngym.envs.swe import case_runner
 
 
 @dataclass(frozen=True)
@@ -15,6 +17,33 @@ class Edit:
     new: str
 
 
+@dataclass(frozen=True)
+class CaseSuite:
+    """A task's hidden tests as cases: inputs and calls in ``module``, expected values on the host.
+
+    Args:
+        module: Python source run (in a child, per case) in the grading sandbox's repo root. It
+            imports the code under test and defines one function per case; it holds inputs only.
+        cases: The case functions, in order.
+        targets: Names in ``module`` (the functions under test) whose every return is recorded.
+        expected: Per case, the encoded calls of the reference solution (``case_runner``'s
+            ``{"calls": [...], "objs": [...]}``). Never leaves the host.
+        support: Files the module needs besides the agent's (path -> original text).
+    """
+
+    module: str
+    cases: tuple[str, ...]
+    targets: tuple[str, ...]
+    expected: tuple[dict, ...] = ()
+    support: dict[str, str] = field(default_factory=dict)
+
+
+def encoded_calls(values: list) -> dict:
+    """The record ``case_runner`` makes of a case whose target calls returned ``values``."""
+    enc = case_runner.Encoder()
+    return {"calls": [enc.encode(v) for v in values], "objs": enc.objs}
+
+
 @dataclass
 class SWETask:
     """A bug-fixing task.
@@ -23,13 +52,14 @@ class SWETask:
         task_id: Unique within its suite.
         statement: The problem statement shown to the agent.
         files: The repository at its buggy state (path -> text), visible tests included.
-        hidden_tests: Test files (path -> text) that exist in the sandbox only while grading.
+        hidden_tests: The hidden tests as pytest files (path -> text), for reference: they never
+            enter a sandbox; grading runs ``hidden_cases``.
         gold_edits: Edits that turn the buggy repo into the fixed one (the oracle patch).
         test_support: Paths in ``files`` that belong to the tests (visible tests, conftest,
-            fixtures); grading restores their original text, whatever the agent did to them.
+            fixtures); they are not the agent's, so grading never copies them.
         visible_tests: Test paths ``run_tests`` runs.
-        graded_tests: Test paths the grader runs (hidden tests, usually).
         task_type: Group name for reports (bug kind, suite).
+        hidden_cases: The hidden tests as cases (inputs in the sandbox, expected values on the host).
     """
 
     task_id: str
@@ -39,13 +69,14 @@ class SWETask:
     gold_edits: list[Edit]
     test_support: list[str]
     visible_tests: list[str]
-    graded_tests: list[str]
     task_type: str = "default"
     metadata: dict = field(default_factory=dict)
+    hidden_cases: CaseSuite | None = None
 
     @property
     def source_files(self) -> list[str]:
-        """The files the agent is meant to fix (everything that is not test support)."""
+        """The files the agent is meant to fix (everything that is not test support): the
+        allow-list of files grading copies out of the agent's sandbox."""
         support = set(self.test_support)
         return sorted(p for p in self.files if p not in support)
 

@@ -21,11 +21,13 @@ class SandboxConfig:
     """Limits and layout shared by all backends (the defaults are the safe ones)."""
 
     workdir: str = field(default="/workspace", metadata={"help": "writable working dir (inside the sandbox)"})
-    memory_mb: int = field(default=1024, metadata={"help": "memory limit (Docker cgroup; bwrap RLIMIT_AS)"})
+    memory_mb: int = field(default=1024, metadata={
+        "help": "memory limit of the whole sandbox, tmpfs files included (a cgroup; bwrap without one: RLIMIT_AS per process)"})
     cpus: float = field(default=1.0, metadata={"help": "CPU share (Docker only)"})
     pids_limit: int = field(default=256, metadata={"help": "max processes (Docker pids cgroup; bwrap RLIMIT_NPROC)"})
     workdir_size_mb: int = field(default=256, metadata={"help": "size of the writable workdir (tmpfs)"})
     tmp_size_mb: int = field(default=64, metadata={"help": "size of /tmp (tmpfs)"})
+    shm_size_mb: int = field(default=64, metadata={"help": "size of /dev/shm (tmpfs, one per sandbox)"})
     nofile: int = field(default=1024, metadata={"help": "max open files per process"})
     timeout_s: float = field(default=30.0, metadata={"help": "default per-command wall-clock limit"})
     max_output_bytes: int = field(default=32_768, metadata={"help": "stdout/stderr kept per command (head + tail)"})
@@ -34,7 +36,7 @@ class SandboxConfig:
     def __post_init__(self) -> None:
         if not self.workdir.startswith("/") or self.workdir == "/":
             raise ValueError(f"workdir must be an absolute path below /, got {self.workdir!r}")
-        for name in ("memory_mb", "pids_limit", "workdir_size_mb", "tmp_size_mb", "nofile", "max_output_bytes"):
+        for name in ("memory_mb", "pids_limit", "workdir_size_mb", "tmp_size_mb", "shm_size_mb", "nofile", "max_output_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.timeout_s <= 0 or self.cpus <= 0:

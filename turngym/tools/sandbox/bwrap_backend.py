@@ -2,10 +2,13 @@
 
 One long-lived ``bwrap`` process per sandbox, with every namespace unshared (no network but
 loopback, own PIDs, own mounts, own user namespace and no nested ones), the Debian rootfs
-mounted read-only, size-limited tmpfs for the workdir and ``/tmp``, and uid 1000 inside. Its
-PID 1 is a small Python server (``_runner.serve``) that runs each command with rlimits (address
-space, processes, file size, open files), a SIGKILL deadline on the whole process group and
-capped output. PID 1 of a PID namespace cannot be killed from inside it, and the server marks
+mounted read-only, size-limited tmpfs for the workdir, ``/tmp`` and ``/dev/shm`` (its own, not
+the host's), and uid 1000 inside. Where a cgroup can be made (``cgroup.py``: root, or a delegated
+subtree) the whole sandbox lives in one, which caps its total memory (tmpfs files included) and
+process count; without one, only the per-process rlimits below apply. Its PID 1 is a small
+Python server (``_runner.serve``) that runs each command with rlimits (address space,
+processes, file size, open files), a SIGKILL deadline on the whole process group and capped
+output. PID 1 of a PID namespace cannot be killed from inside it, and the server marks
 itself non-dumpable, so a command cannot take the server down or ptrace it. When run as root,
 bwrap itself runs as ``nobody``, so even an escape lands on an unprivileged host user.
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from turngym.tools.sandbox import _runner
 from turngym.tools.sandbox.base import RawResult, Sandbox, SandboxConfig, SandboxError
+from turngym.tools.sandbox.cgroup import SandboxCgroup
 
 NOBODY = 65534
 SANDBOX_UID = 1000
@@ -31,6 +35,9 @@ SANDBOX_UID = 1000
 # deciding the sandbox is wedged and tearing it down.
 _HOST_GRACE_S = 10.0
 SERVER_PATH = "/tmp/.turngym-sandbox-server.py"
+# Joins the cgroup (``$1`` procs files follow), then becomes bwrap: every process of the sandbox
+# starts inside it, with no window in which bwrap has forked outside.
+_JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 97; shift; n=$((n-1)); done; exec "$@"'
 
 
 def bwrap_available() -> str | None:
@@ -58,8 +65,9 @@ class BwrapBackend(Sandbox):
     """A bubblewrap sandbox on the Debian rootfs built by ``turngym.tools.sandbox.image``.
 
     Args:
-        config: Limits. ``memory_mb`` is a per-process address-space limit here (rlimits cannot
-            cap a group of processes; Docker's cgroup can), ``pids_limit`` a process limit.
+        config: Limits. ``memory_mb`` caps the whole sandbox when a cgroup can be made (see
+            ``memory_enforcement``), and every process's address space in any case; ``pids_limit``
+            caps processes (cgroup, and RLIMIT_NPROC).
         rootfs: The unpacked rootfs (default: the cached one; see ``ensure_rootfs_dir``).
 
     Raises:
@@ -85,13 +93,23 @@ class BwrapBackend(Sandbox):
         self._lock = threading.Lock()
         self._buf = b""
         self._errlog = tempfile.TemporaryFile()
+        c = self.config
+        self.cgroup, why = SandboxCgroup.create(c.memory_mb * 2**20, c.pids_limit,
+                                                _drop_kwargs().get("user"))
+        #: What caps the sandbox's total memory (``cgroup v1``/``cgroup v2``), or why nothing does.
+        self.memory_enforcement = (f"cgroup v{self.cgroup.version}" if self.cgroup else
+                                   f"RLIMIT_AS per process only ({why})")
+        join = ["sh", "-c", _JOIN, "sh", str(len(self.cgroup.procs_files)), *self.cgroup.procs_files] if self.cgroup else []
         # The server's source goes in through a memfd, read-only at SERVER_PATH inside.
         src = os.memfd_create("turngym-sandbox-server")
         try:
             os.write(src, Path(_runner.__file__).read_bytes())
             os.lseek(src, 0, os.SEEK_SET)
-            self._proc = subprocess.Popen(self._command(src), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            self._proc = subprocess.Popen([*join, *self._command(src)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=self._errlog, pass_fds=[src], **_drop_kwargs())
+        except BaseException:
+            self._remove_cgroup()
+            raise
         finally:
             os.close(src)
         res = self._run(["true"], 20.0, None, 1024, self.workdir)
@@ -108,6 +126,7 @@ class BwrapBackend(Sandbox):
             "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session", "--as-pid-1", "--cap-drop", "ALL",
             "--ro-bind", str(self.rootfs), "/", "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", str(c.shm_size_mb * 2**20), "--tmpfs", "/dev/shm",
             "--perms", "0755", "--size", str(c.workdir_size_mb * 2**20), "--tmpfs", c.workdir,
             "--perms", "1777", "--size", str(c.tmp_size_mb * 2**20), "--tmpfs", "/tmp",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
@@ -190,10 +209,19 @@ class BwrapBackend(Sandbox):
             proc.wait()
         proc.stdout.close()
         self._errlog.close()
+        self._remove_cgroup()
+
+    def _remove_cgroup(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True) and hasattr(self, "_proc"):
             try:
                 self._proc.kill()
-            except OSError:
+                self._proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
                 pass
+            if getattr(self, "cgroup", None) is not None:
+                self._remove_cgroup()

@@ -2,7 +2,9 @@
 
 Every container runs the locally built image (``turngym.tools.sandbox.image``) with no network,
 memory / CPU / pids limits, all capabilities dropped, no-new-privileges, a read-only root, a
-size-limited tmpfs workdir and ``/tmp``, and uid 1000. Each command runs under
+size-limited tmpfs workdir, ``/tmp`` and ``/dev/shm``, and commands run as uid 1000. PID 1 is
+root's (without capabilities) and non-dumpable: a command cannot ptrace or signal it, so nothing
+the agent runs can hide in it from ``kill_all``. Each command runs under
 ``timeout -s KILL`` and its whole process group is killed when it ends, so background jobs do
 not outlive it. Containers carry a ``turngym.sandbox`` label and their owner's host:pid; the
 janitor (``cleanup_containers``) removes those whose owner is gone, and an ``atexit`` hook
@@ -31,6 +33,12 @@ _HOST_GRACE_S = 10.0
 # background jobs die with the command. fd 3 carries stdin past sh's `&` (which would give
 # the background job /dev/null).
 _WRAP = 'exec 3<&0; timeout -s KILL "$0" "$@" <&3 3<&- & p=$!; wait $p; rc=$?; kill -s KILL -- -$p 2>/dev/null; exit $rc'
+
+# PID 1: reap orphans (SIGCHLD ignored: the kernel reaps them, so zombies do not pile up against
+# the pids limit), refuse ptrace (non-dumpable; it is root's anyway), and wait forever.
+_INIT = ("import signal\ntry:\n    import ctypes\n    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"
+         "except Exception:\n    pass\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\nwhile True:\n    signal.pause()\n")
+INIT_USER = "0:0"
 
 _local = threading.local()
 _live: set[str] = set()  # containers this process created and has not removed
@@ -109,11 +117,12 @@ def container_kwargs(config: SandboxConfig, image: str) -> dict:
     mem = f"{c.memory_mb}m"
     return dict(
         image=image, detach=True, labels={LABEL: "1", OWNER_LABEL: owner_id()},
+        command=["python3", "-I", "-S", "-c", _INIT], user=INIT_USER, shm_size=f"{c.shm_size_mb}m",
         network_mode="none", mem_limit=mem, memswap_limit=mem, nano_cpus=int(c.cpus * 1e9),
         pids_limit=c.pids_limit, cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
         tmpfs={c.workdir: f"rw,exec,nosuid,nodev,size={c.workdir_size_mb}m,uid=1000,gid=1000,mode=0755",
                "/tmp": f"rw,exec,nosuid,nodev,size={c.tmp_size_mb}m,mode=1777"},
-        user=SANDBOX_USER, working_dir=c.workdir, hostname="sandbox", environment=dict(c.env),
+        working_dir=c.workdir, hostname="sandbox", environment=dict(c.env),
         ulimits=[Ulimit(name="nofile", soft=c.nofile, hard=c.nofile), Ulimit(name="core", soft=0, hard=0),
                  Ulimit(name="fsize", soft=c.workdir_size_mb * 2**20, hard=c.workdir_size_mb * 2**20)],
     )
