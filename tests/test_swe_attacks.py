@@ -182,7 +182,7 @@ def test_attacks_score_zero_on_quixbugs(attack, shared_data):
 def test_oracle_scores_one_on_every_task(backend, suite, request):
     """The gold patch earns 1.0 on all 15 synthetic test tasks and all 20 QuixBugs programs."""
     from turngym.agents.scripted import OracleAgent
-    from turngym.trainers.rollout import episode_specs, make_env_factory, rollout
+    from turngym.rollout import episode_specs, make_env_factory, rollout
 
     if backend != "local" and skip_reason(backend):
         pytest.skip(skip_reason(backend))
