@@ -82,7 +82,7 @@ def features(policy, trajs, chunk: int):
     parts = []
     for i in range(0, len(trajs), chunk):
         batch = pack_batch(trajs[i : i + chunk], policy.pad_id)
-        _, h = reference_pass(policy.model, batch, True, "bf16")
+        _, h = reference_pass(policy.model, batch, True, "auto")
         s, sa = h[batch.state_pos[:, 0], batch.state_pos[:, 1]], h[batch.action_pos[:, 0], batch.action_pos[:, 1]]
         rewards = [[turn.reward for turn in t.turns] for t in trajs[i : i + chunk]]
         r, done, nxt = transitions(batch, rewards, s)

@@ -55,3 +55,14 @@ def test_number_fields_accept_yaml_spellings():
     assert cfg.archer.max_turns == 12 and cfg.archer.iterations == 3 and isinstance(cfg.archer.iterations, int)
     with pytest.raises(ValueError, match="expected a number"):
         apply_overrides(TrainConfig(), ["pg.actor_lr=fast"])
+
+
+def test_autocast_auto_uses_bf16_only_where_the_hardware_has_it():
+    import torch
+
+    from turngym.trainers.actor import use_bf16
+
+    assert use_bf16("bf16", "cpu") and not use_bf16("none", "cuda") and use_bf16("auto", "cuda")
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert use_bf16("auto", "cpu") == native  # an AVX2-only CPU emulates bf16, far slower than fp32
+    assert PGConfig().autocast == "auto" and ArcherConfig().autocast == "auto"

@@ -46,7 +46,7 @@ class SFTConfig:
     batch_size: int = knob(4, "episodes per optimizer step")
     max_grad_norm: float = knob(1.0, "gradient clipping")
     trainable: str = knob("all", "all | top:K | lora (adapters are merged back after SFT)")
-    autocast: str = knob("bf16", "bf16 | none: mixed precision for the forwards (weights stay fp32)")
+    autocast: str = knob("auto", "auto | bf16 | none: mixed precision for the forwards (see OnlineConfig)")
     seed: int = knob(0, "seeds the expert episodes and the data order")
 
     def __post_init__(self) -> None:

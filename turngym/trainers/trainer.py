@@ -70,7 +70,8 @@ class OnlineConfig:
     trainable: str = knob("all", "all | lora | top:K (only the top K transformer blocks)")
     lora_r: int = knob(16, "LoRA rank when trainable=lora")
     lora_alpha: int = knob(32, "LoRA alpha when trainable=lora")
-    autocast: str = knob("bf16", "bf16 | none: mixed precision for the training forwards (weights stay fp32)")
+    autocast: str = knob("auto", "auto | bf16 | none: mixed precision for the training forwards (weights stay fp32); "
+                                 "auto = bf16 where the hardware has it (CUDA, AVX512-BF16/AMX CPUs)")
     env_workers: str = knob("local", "where envs run: local | thread | subprocess | ray")
     async_staleness: int = knob(-1, "-1: collect, then update; k >= 0: keep collecting on a background thread "
                                     "during updates, training on episodes at most k policy versions old")
@@ -84,8 +85,8 @@ class OnlineConfig:
             raise ValueError(f"episodes_per_iter ({self.episodes_per_iter}) must be a multiple of group_size ({self.group_size})")
         if not (self.trainable in ("all", "lora") or self.trainable.startswith("top:")):
             raise ValueError(f"trainable must be all, lora or top:K, got {self.trainable!r}")
-        if self.autocast not in ("bf16", "none"):
-            raise ValueError(f"autocast must be bf16 or none, got {self.autocast!r}")
+        if self.autocast not in ("auto", "bf16", "none"):
+            raise ValueError(f"autocast must be auto, bf16 or none, got {self.autocast!r}")
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
         if self.actor_warmup_steps < 0:
