@@ -25,7 +25,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
-from turngym.envs.registry import describe, register
+from turngym.envs.registry import describe, make, register
 from turngym.envs.shaping import Shaper
 
 _VERSIONED = re.compile(r"^(?P<name>.+)-v(?P<version>\d+)$")
@@ -121,3 +121,44 @@ def _register_builtin_variants() -> None:
 _register_builtin_variants()
 
 __all__ = ["ShapedReward", "ReferenceCalls", "make_shaped", "register_shaped", "shaped_id"]
+
+
+class RevisitLimit(gym.Wrapper):
+    """Truncates an episode when it returns to one env state (``info["state_key"]``) for the
+    ``max_visits``-th time, the start counting as a visit: with 3, a policy pacing between two rooms
+    is stopped on its second return instead of burning the turn limit. A step that leaves the state
+    unchanged (a refused command) is not a return. ``info["truncated_reason"]`` says why.
+    A training-time option: episodes end sooner and the loop gets the failure's return at once."""
+
+    def __init__(self, env: gym.Env, max_visits: int = 3) -> None:
+        super().__init__(env)
+        if max_visits < 2:
+            raise ValueError(f"max_visits must be >= 2, got {max_visits}")
+        self.max_visits = max_visits
+        self.visits: dict = {}
+        self.last: Any = None
+
+    def reset(self, **kwargs: Any):
+        obs, info = self.env.reset(**kwargs)
+        self.visits, self.last = {}, None
+        self._count(info.get("state_key"))
+        return obs, info
+
+    def step(self, action: Any):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self._count(info.get("state_key")) >= self.max_visits and not (terminated or truncated):
+            truncated = True
+            info = {**info, "truncated_reason": f"state visited {self.max_visits} times"}
+        return obs, reward, terminated, truncated, info
+
+    def _count(self, key: Any) -> int:
+        if key is None or key == self.last:
+            return 0
+        self.last = key
+        self.visits[key] = self.visits.get(key, 0) + 1
+        return self.visits[key]
+
+
+def make_revisit_limited(env_id: str, max_visits: int, **kwargs: Any) -> gym.Env:
+    """``turngym.make(env_id, **kwargs)`` wrapped in ``RevisitLimit`` (a picklable factory target)."""
+    return RevisitLimit(make(env_id, **kwargs), max_visits)

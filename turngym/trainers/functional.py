@@ -262,3 +262,38 @@ def gigpo_advantages(
     a_episode = grpo_advantages(episode_returns, scale_by_std=scale_by_std).reshape(-1)[step_episode]
     a_step = gigpo_step_advantages(step_returns, group_ids, state_keys, scale_by_std=scale_by_std)
     return a_episode + step_weight * a_step
+
+
+def equal_group_mask(returns: torch.Tensor, atol: float = 1e-8) -> torch.Tensor:
+    """Which groups hold a contrast: ``(G,)`` bool, False where every return of the group is equal.
+
+    A group whose episodes all earned the same return has zero group-relative advantage for every
+    episode (RLOO, GRPO), so it costs a forward and backward and teaches nothing; DAPO's dynamic
+    sampling drops such groups (Yu et al. 2025).
+
+    Args:
+        returns: ``(G, n)``.
+    """
+    return (returns.max(dim=-1).values - returns.min(dim=-1).values) > atol
+
+
+def best_of_group_advantages(returns: torch.Tensor, success: torch.Tensor) -> torch.Tensor:
+    """Online filtered behaviour cloning: ``A = 1`` for the best episode of each group (highest
+    return, first on ties) when it succeeded, ``0`` for every other episode.
+
+    Args:
+        returns, success: ``(G, n)``; ``success`` is 1 for a solved episode.
+
+    Returns:
+        ``(G, n)``.
+    """
+    best = returns.argmax(dim=-1, keepdim=True)
+    adv = torch.zeros_like(returns).scatter_(-1, best, 1.0)
+    return adv * (success.gather(-1, best) > 0).float()
+
+
+def token_share(tokens_per_chunk: Sequence[int]) -> list[float]:
+    """Loss weight of each chunk of a gradient-accumulation step: its share of the step's tokens,
+    so the accumulated gradient equals the gradient of the token mean over the whole step."""
+    total = sum(tokens_per_chunk)
+    return [n / total if total else 0.0 for n in tokens_per_chunk]

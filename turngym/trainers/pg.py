@@ -8,6 +8,11 @@ and a reset seed (deterministic resets), so they differ only by the policy's sam
     grpo:       A = (R_i - mean_group R) / std_group R
     gigpo:      A_t = A^E(episode, as GRPO) + omega * A^S(step), where A^S normalises the
                 discounted step return G_t among steps taken from the same state_key in the group
+    filtered_bc: A = 1 on the best episode of each group if it succeeded, else 0: online
+                filtered behaviour cloning, the floor every RL method must beat
+
+Groups whose episodes all earned the same return carry no contrast; ``filter_equal_groups``
+drops them before the update (they cost a forward and backward and teach nothing).
 
 ``R`` is the episode's undiscounted sum of per-turn rewards (after the reward transforms). The
 actor update is the shared PPO-clipped token-level step (``online.actor_update``) on the recorded
@@ -31,23 +36,24 @@ from turngym.trainers.sequences import pack_batch
 from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, task_schedule
 from turngym.types import Trajectory
 
-ALGOS = ("reinforce", "rloo", "grpo", "gigpo")
+ALGOS = ("reinforce", "rloo", "grpo", "gigpo", "filtered_bc")
 
 
 @dataclass
 class PGConfig(OnlineConfig):
     """Knobs of the critic-free family (plus the shared ``OnlineConfig`` ones)."""
 
-    algo: str = knob("grpo", "reinforce | rloo | grpo | gigpo")
+    algo: str = knob("grpo", "reinforce | rloo | grpo | gigpo | filtered_bc")
     group_size: int = knob(4, "episodes per group (same task, same reset seed)")
     scale_by_std: bool = knob(True, "divide group-centred returns by the group std (GRPO, GiGPO)")
     step_weight: float = knob(1.0, "GiGPO: omega, the weight of the step-level advantage")
+    filter_equal_groups: bool = knob(True, "drop groups whose episodes all earned the same return")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.algo not in ALGOS:
             raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
-        if self.algo in ("rloo", "grpo", "gigpo") and self.group_size < 2:
+        if self.algo in ("rloo", "grpo", "gigpo", "filtered_bc") and self.group_size < 2:
             raise ValueError(f"{self.algo} needs group_size >= 2")
 
 
@@ -64,6 +70,10 @@ def turn_advantages(trajs: list[Trajectory], rewards: list[list[float]], cfg: PG
         return [[float(ep[i])] * len(t.turns) for i, t in enumerate(trajs)]
     if cfg.algo == "grpo":
         ep = Fn.grpo_advantages(grouped, scale_by_std=cfg.scale_by_std).reshape(-1)
+        return [[float(ep[i])] * len(t.turns) for i, t in enumerate(trajs)]
+    if cfg.algo == "filtered_bc":
+        success = torch.tensor([float(t.success) for t in trajs]).reshape(-1, n)
+        ep = Fn.best_of_group_advantages(grouped, success).reshape(-1)
         return [[float(ep[i])] * len(t.turns) for i, t in enumerate(trajs)]
     # gigpo: flatten steps, with discounted step returns and anchor states
     step_returns, step_episode, groups, keys = [], [], [], []
@@ -104,6 +114,9 @@ class PGTrainer(OnlineTrainer):
         rewards = self.reward_fn(trajs)
         metrics.update(reward_stats(self.reward_fn))  # G-RA gate rates, SPA fit error, shaping...
         per_turn = turn_advantages(trajs, rewards, cfg)
+        trajs, per_turn = self._contrast_only(trajs, rewards, per_turn, metrics)
+        if not trajs:  # no group held a contrast: nothing to learn from this iteration
+            return self.finish_step(metrics)
         batch = pack_batch(trajs, self.policy.pad_id)
         adv = torch.tensor([per_turn[ti][k] for ti, k in batch.turn_refs], dtype=torch.float32)
         if cfg.normalize_advantages and adv.numel() > 1:
@@ -116,3 +129,23 @@ class PGTrainer(OnlineTrainer):
             with self.weights_lock():
                 metrics.update(actor_update(self.model, self.actor_opt, batch, token_adv, ref_logprobs, cfg, self.gen, self.ctx))
         return self.finish_step(metrics)
+
+    def _contrast_only(self, trajs: list[Trajectory], rewards: list[list[float]], per_turn: list[list[float]],
+                       metrics: dict) -> tuple[list[Trajectory], list[list[float]]]:
+        """The episodes worth an update: groups with different returns (``filter_equal_groups``;
+        filtered BC clones a group's best success even when all of them succeeded), and for filtered
+        BC only the chosen episodes."""
+        cfg, n = self.cfg, self.cfg.group_size
+        keep = [True] * len(trajs)
+        if cfg.filter_equal_groups and n > 1 and cfg.algo not in ("reinforce", "filtered_bc"):
+            returns = torch.tensor([sum(r) for r in rewards], dtype=torch.float32).reshape(-1, n)
+            groups = Fn.equal_group_mask(returns)
+            keep = [bool(groups[i // n]) for i in range(len(trajs))]
+            metrics["pg/groups_kept"] = float(groups.float().mean())
+        if cfg.algo == "filtered_bc":
+            keep = [k and any(a != 0 for a in adv) for k, adv in zip(keep, per_turn)]
+        if self.ctx.enabled:  # ranks step jointly: keep every row (dropped ones have zero advantage anyway)
+            keep = [True] * len(trajs)
+        kept = [i for i, k in enumerate(keep) if k]
+        metrics["pg/episodes_trained"] = float(len(kept))
+        return [trajs[i] for i in kept], [per_turn[i] for i in kept]

@@ -21,6 +21,7 @@ under ``weights_lock`` so generation never sees a half-updated model.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import random
 import time
@@ -34,6 +35,7 @@ from tqdm.auto import tqdm
 
 from turngym.agents.base import SamplingParams
 from turngym.config import knob
+from turngym.envs.wrappers import make_revisit_limited
 from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict
 from turngym.rollout import AsyncCollector, EpisodeSpec, make_env_factory, rollout
 from turngym.trainers.actor import frozen_copy, prepare_trainable
@@ -52,6 +54,8 @@ class OnlineConfig:
     group_size: int = knob(1, "episodes per task per iteration, played in a row from one reset seed")
     num_envs: int = knob(16, "episodes in flight during collection (the generation batch)")
     max_turns: int | None = knob(None, "override the env's turn limit")
+    max_state_visits: int = knob(0, "end (truncate) a training episode that reaches one env state this many "
+                                     "times, e.g. 3 cuts a two-room loop short (0 = off)")
     temperature: float = knob(1.0, "sampling temperature while collecting")
     top_p: float = knob(1.0, "nucleus mass while collecting")
     max_new_tokens: int = knob(48, "length cap for one utterance")
@@ -65,6 +69,9 @@ class OnlineConfig:
     ent_coef: float = knob(0.0, "weight of the entropy bonus")
     max_grad_norm: float = knob(1.0, "gradient clipping")
     minibatch_size: int = knob(4, "sequences (episodes) per actor optimizer step")
+    micro_batch_size: int = knob(4, "sequences per forward/backward inside a step (gradient accumulation; 0 = all)")
+    old_logprobs: str = knob("auto", "PPO ratio's old log-probs: sampled (recorded at sampling) | rescored (the "
+                                     "update's precision path) | auto (rescored when the update runs in bf16)")
     actor_epochs: int = knob(1, "passes over each new batch")
     normalize_advantages: bool = knob(False, "standardise advantages over the batch")
     trainable: str = knob("all", "all | lora | top:K (only the top K transformer blocks)")
@@ -89,6 +96,10 @@ class OnlineConfig:
             raise ValueError(f"autocast must be auto, bf16 or none, got {self.autocast!r}")
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if self.old_logprobs not in ("auto", "sampled", "rescored"):
+            raise ValueError(f"old_logprobs must be auto, sampled or rescored, got {self.old_logprobs!r}")
+        if self.micro_batch_size < 0 or self.max_state_visits < 0:
+            raise ValueError("micro_batch_size and max_state_visits must be >= 0")
         if self.actor_warmup_steps < 0:
             raise ValueError(f"actor_warmup_steps must be >= 0, got {self.actor_warmup_steps}")
         if self.env_workers not in ("local", "thread", "subprocess", "ray"):
@@ -135,6 +146,8 @@ def env_factory(env_id: str, env_kwargs: dict, cfg: OnlineConfig):
     kwargs = dict(env_kwargs)
     if cfg.max_turns is not None:
         kwargs["max_turns"] = cfg.max_turns
+    if cfg.max_state_visits:
+        return functools.partial(make_revisit_limited, env_id, cfg.max_state_visits, **kwargs)
     return make_env_factory(env_id, **kwargs)
 
 

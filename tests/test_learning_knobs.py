@@ -1,0 +1,134 @@
+"""The learning-design knobs of the critic-free family and the shared actor step, on hand-worked
+numbers: equal-group filtering, online filtered BC, gradient accumulation, old log-probs on the
+update's precision path, and the revisit limit."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+from fixtures_model import build_tiny_model
+
+from turngym.agents.base import SamplingParams
+from turngym.envs.wrappers import RevisitLimit
+from turngym.rollout import episode_specs, make_env_factory, rollout
+from turngym.trainers import functional as Fn
+from turngym.trainers.actor import actor_update, rescore_old_logprobs
+from turngym.trainers.pg import PGConfig, PGTrainer, turn_advantages
+from turngym.trainers.sequences import pack_batch
+from turngym.types import Trajectory, Turn
+
+ENV = "tests/Guess-v0"
+
+
+@pytest.fixture
+def policy(tiny_tokenizer):
+    from turngym.agents.hf import HFPolicy
+
+    return HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
+
+
+def test_equal_group_mask_by_hand():
+    returns = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [-0.1, -0.1, -0.2]])
+    assert Fn.equal_group_mask(returns).tolist() == [False, True, True]
+
+
+def test_best_of_group_clones_only_a_successful_best_episode():
+    returns = torch.tensor([[0.5, 0.9, 0.9], [0.0, 0.2, 0.1]])
+    success = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # the 2nd group's best failed
+    torch.testing.assert_close(Fn.best_of_group_advantages(returns, success),
+                               torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))  # first of the tied best
+
+
+def test_token_share_by_hand():
+    assert Fn.token_share([3, 1]) == [0.75, 0.25]
+    assert Fn.token_share([0, 0]) == [0.0, 0.0]
+
+
+def test_filtered_bc_turn_advantages():
+    # group 1: a failure and a success; group 2: a success with a penalty, and a failure
+    trajs = [Trajectory("t", [Turn("a"), Turn("b")], outcome=o) for o in (0.0, 1.0, 1.0, 0.0)]
+    rewards = [[0.0, 0.0], [0.0, 1.0], [-0.1, 1.0], [0.0, 0.0]]
+    cfg = PGConfig(algo="filtered_bc", group_size=2, episodes_per_iter=4)
+    assert turn_advantages(trajs, rewards, cfg) == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]
+
+
+class _Rooms(gym.Env):
+    """A state key that is the action itself ('stay' keeps the state)."""
+
+    def reset(self, *, seed=None, options=None):
+        self.state = "A"
+        return [], {"state_key": "A"}
+
+    def step(self, action):
+        if action != "stay":
+            self.state = action
+        return [], 0.0, False, False, {"state_key": self.state}
+
+
+def test_revisit_limit_truncates_on_the_third_return_not_on_a_refused_move():
+    env = RevisitLimit(_Rooms(), max_visits=3)
+    env.reset()
+    flags = [env.step(a)[3] for a in ["B", "A", "stay", "stay", "B"]]
+    assert flags == [False, False, False, False, False]  # A twice, B twice; staying is no return
+    _, _, _, truncated, info = env.step("A")  # A a third time
+    assert truncated and "3 times" in info["truncated_reason"]
+    env.reset()  # counts start over
+    assert env.step("B")[3] is False
+
+
+def _batch(policy, n=4):
+    trajs = rollout(policy, make_env_factory(ENV), episode_specs(["1", "2", "3", "4"], n),
+                    sampling=SamplingParams(max_new_tokens=10, seed=0), progress=False)
+    return pack_batch(trajs, policy.pad_id)
+
+
+def _update(policy, batch, **kw):
+    model = policy.model
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = PGConfig(algo="reinforce", episodes_per_iter=4, minibatch_size=4, **kw)
+    adv = torch.linspace(-1, 1, batch.old_logprobs.numel())
+    metrics = actor_update(model, opt, batch, adv, None, cfg, torch.Generator().manual_seed(0))
+    after = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(start[n])
+    return after, metrics
+
+
+def test_gradient_accumulation_equals_one_big_step(policy):
+    batch = _batch(policy)
+    whole, _ = _update(policy, batch, micro_batch_size=4)
+    accumulated, _ = _update(policy, batch, micro_batch_size=1)
+    for n in whole:
+        torch.testing.assert_close(accumulated[n], whole[n], atol=1e-6, rtol=1e-5)
+
+
+def test_rescored_old_logprobs_put_the_first_ratio_at_one(policy):
+    batch = _batch(policy)
+    batch.old_logprobs = batch.old_logprobs + 0.05  # as if sampled on another precision path
+    _, sampled = _update(policy, batch, micro_batch_size=4, actor_lr=0.0, old_logprobs="sampled")
+    assert sampled["actor/logprob_drift"] == pytest.approx(0.05, abs=1e-4)
+    _, rescored = _update(policy, batch, micro_batch_size=4, actor_lr=0.0, old_logprobs="rescored")
+    assert rescored["actor/logprob_drift"] < 1e-6
+    assert not rescore_old_logprobs("auto", policy.model, "none")  # fp32 update: the recorded ones match
+
+
+def test_pg_trainer_drops_groups_without_contrast(policy, tmp_path):
+    cfg = PGConfig(algo="rloo", iterations=1, episodes_per_iter=4, group_size=2, num_envs=4, max_new_tokens=8,
+                   minibatch_size=4, filter_equal_groups=True)
+    row = PGTrainer(policy, ENV, cfg, out_dir=tmp_path).train(progress=False)[0]
+    kept = row["pg/groups_kept"]
+    assert 0.0 <= kept <= 1.0 and row["pg/episodes_trained"] == pytest.approx(4 * kept)
+
+
+def test_filtered_bc_trains_and_new_knobs_are_validated(policy, tmp_path):
+    cfg = PGConfig(algo="filtered_bc", iterations=1, episodes_per_iter=4, group_size=2, num_envs=4, max_new_tokens=8,
+                   max_state_visits=3)
+    row = PGTrainer(policy, ENV, cfg, out_dir=tmp_path).train(progress=False)[0]
+    assert row["rollout/env_steps"] > 0 and "pg/episodes_trained" in row
+    with pytest.raises(ValueError, match="old_logprobs"):
+        PGConfig(old_logprobs="fresh")
+    with pytest.raises(ValueError, match="group_size"):
+        PGConfig(algo="filtered_bc", group_size=1)
