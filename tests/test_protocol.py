@@ -67,6 +67,30 @@ def test_compare_arms_per_seed_mean_and_pooled():
     assert t["sft"]["by_group"]["a"] == {"success": 0.5, "ci95": pytest.approx([0.0945, 0.9055], abs=1e-3), "n": 2}
 
 
+def test_time_budgets_and_hooks(tmp_path, tiny_tokenizer):
+    from turngym.agents.hf import HFPolicy
+    from turngym.trainers.pg import PGConfig, PGTrainer
+    from turngym.trainers.sft import SFTConfig, sft
+
+    def trainer():
+        cfg = PGConfig(algo="rloo", iterations=5, episodes_per_iter=2, group_size=2, num_envs=2, max_new_tokens=4,
+                       autocast="none", time_budget_s=1e-6)
+        return PGTrainer(HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer), "tests/Guess-v0", cfg,
+                         out_dir=tmp_path / "pg")
+
+    seen = []
+    first = trainer()
+    first.train(progress=False, on_iteration=lambda t, m: seen.append((t.iteration, m["train_seconds"])))
+    assert first.iteration == 1 and first.done() and seen == [(1, pytest.approx(seen[0][1]))] and seen[0][1] > 0
+    resumed = trainer()  # the budget is spent: a resumed run only reloads, with its training seconds
+    resumed.train(progress=False, on_iteration=lambda t, m: seen.append(t.iteration))
+    assert resumed.iteration == 1 and len(seen) == 1 and 0 < resumed.train_seconds <= first.train_seconds
+    steps = []
+    res = sft(first.policy, "tests/Guess-v0", SFTConfig(episodes=2, epochs=1000, batch_size=1, autocast="none",
+                                                        time_budget_s=1e-6), progress=False, on_step=steps.append)
+    assert res["sft/steps"] == 1 and [m["sft/step"] for m in steps] == [1] and res["sft/train_seconds"] > 0
+
+
 def _load_script():
     spec = importlib.util.spec_from_file_location("protocol_script", SCRIPT)
     mod = importlib.util.module_from_spec(spec)

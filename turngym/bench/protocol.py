@@ -146,7 +146,7 @@ def _mean_row(arm: str, by_seed: dict, per_seed: dict, finals: dict, baselines: 
 
 def _concat(recs: list[dict]) -> dict:
     """One record holding several seeds' games in a row (for pooled paired statistics)."""
-    cat = lambda key: [x for r in recs for x in r.get(key) or []]  # noqa: E731
+    cat = lambda key: [x for r in recs for x in r.get(key) or []]
     return {"games": cat("games"), "per_episode_success": cat("per_episode_success"),
             "per_episode_temp_success": cat("per_episode_temp_success")}
 
@@ -246,6 +246,7 @@ def plot_curves(curves: dict[str, dict[int, list[dict]]], path: str | Path, titl
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("held-out success (greedy)")
+    axes[0].set_ylim(-0.02, 1.02)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

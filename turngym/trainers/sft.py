@@ -108,7 +108,20 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
     """
     cfg = cfg or SFTConfig()
     t0 = time.perf_counter()
-    hook_s = 0.0  # time spent in on_step, excluded from the budget
+    data = _expert_data(policy, env_id, cfg, env_kwargs)
+    model = policy.model = prepare_trainable(policy.model, cfg.trainable)
+    metrics = _fit(policy, data, cfg, logger, progress, on_step)
+    model.eval()
+    if hasattr(model, "merge_and_unload"):  # LoRA: fold the adapters back into plain weights
+        policy.model = model.merge_and_unload()
+    for p in policy.model.parameters():
+        p.requires_grad_(True)  # the next stage chooses its own trainable set
+    policy.invalidate_caches()
+    return {**metrics, "sft/episodes": len(data), "sft/seconds": time.perf_counter() - t0}
+
+
+def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | None) -> list[Trajectory]:
+    """The oracle's successful episodes, tokenized for ``policy``."""
     probe = gym.make(env_id, **(env_kwargs or {}))
     desc = describe_env(probe)
     probe.close()
@@ -116,16 +129,22 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
     experts = expert_trajectories(env_id, cfg.episodes, env_kwargs, cfg.seed)
     if not experts:
         raise RuntimeError(f"the oracle of {env_id} solved no episode; nothing to imitate")
-    data = [tokenize_expert(policy, t, desc["tools"], desc["tool_format"]) for t in experts]
-    model = policy.model = prepare_trainable(policy.model, cfg.trainable)
+    return [tokenize_expert(policy, t, desc["tools"], desc["tool_format"]) for t in experts]
+
+
+def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progress: bool,
+         on_step: Callable[[dict], None] | None) -> dict[str, float]:
+    """The update loop: ``cfg.epochs`` shuffled passes, or until ``cfg.time_budget_s``."""
+    model = policy.model
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     rng = random.Random(cfg.seed)
     steps_per_epoch = (len(data) + cfg.batch_size - 1) // cfg.batch_size
     bar = tqdm(total=cfg.epochs * steps_per_epoch, desc="sft", disable=not progress)
     model.train()
-    epoch_loss, step = float("nan"), 0
+    epoch_loss, step, hook_s = float("nan"), 0, 0.0  # hook_s: time in on_step, not training time
     t_train = time.perf_counter()  # the budget counts updates only: the expert data is made once
+    over = lambda: bool(cfg.time_budget_s) and time.perf_counter() - t_train - hook_s >= cfg.time_budget_s
     for epoch in range(cfg.epochs):
         order = list(range(len(data)))
         rng.shuffle(order)
@@ -138,33 +157,23 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             opt.step()
-            total += loss.item()
-            count += 1
-            step += 1
+            total, count, step = total + loss.item(), count + 1, step + 1
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if logger is not None:
                 logger.log({"sft/loss": loss.item()}, step=epoch * steps_per_epoch + count)
-            train_s = time.perf_counter() - t_train - hook_s
             if on_step is not None:
-                h0 = time.perf_counter()
+                h0, train_s = time.perf_counter(), time.perf_counter() - t_train - hook_s
                 _call_in_eval_mode(model, policy, on_step, {"sft/step": step, "sft/loss": loss.item(),
                                                             "sft/train_seconds": train_s})
                 hook_s += time.perf_counter() - h0
-            if cfg.time_budget_s and train_s >= cfg.time_budget_s:
+            if over():
                 break
         epoch_loss = total / max(count, 1)
-        if cfg.time_budget_s and time.perf_counter() - t_train - hook_s >= cfg.time_budget_s:
+        if over():
             break
     bar.close()
-    model.eval()
-    if hasattr(model, "merge_and_unload"):  # LoRA: fold the adapters back into plain weights
-        policy.model = model.merge_and_unload()
-    for p in policy.model.parameters():
-        p.requires_grad_(True)  # the next stage chooses its own trainable set
-    policy.invalidate_caches()
-    return {"sft/loss": epoch_loss, "sft/episodes": len(data), "sft/seconds": time.perf_counter() - t0,
-            "sft/train_seconds": time.perf_counter() - t_train - hook_s, "sft/steps": step}
+    return {"sft/loss": epoch_loss, "sft/train_seconds": time.perf_counter() - t_train - hook_s, "sft/steps": step}
 
 
 def _call_in_eval_mode(model: Any, policy: Any, fn: Callable[[dict], None], metrics: dict) -> None:
