@@ -83,6 +83,8 @@ class Protocol:
         self.arms = [parse_arm(a) for a in args.arm]
         if not any(a.algo == "sft" for a in self.arms):  # the baseline every arm is compared with
             self.arms.insert(0, Arm("sft", "sft"))
+        if any(a.algo == "sft" and a.name != "sft" for a in self.arms):
+            raise SystemExit("the sft arm is the baseline and keeps its name: --arm 'sft[:KEY=VALUE ...]'")
         if len({a.name for a in self.arms}) != len(self.arms):
             raise SystemExit("arm names must be distinct (name them: NAME=ALGO:...)")
         if any(a.algo == "sft_continued" for a in self.arms) and not any(a.is_rl for a in self.arms):
@@ -115,8 +117,9 @@ class Protocol:
     # ----- the arms ---------------------------------------------------------------------------
     def run_sft(self, seed: int) -> Path:
         """The seed's SFT stage and its evaluation (the pipeline with no RL iterations)."""
-        cfg = self.config(Arm("sft", "sft"), seed, rl_iterations=0)
-        run(cfg, progress=not self.args.quiet, evaluator=lambda p, c, tag: self.evaluate(p, c, f"seed {seed} sft"))
+        arm = next(a for a in self.arms if a.algo == "sft")  # its overrides shape the SFT stage
+        cfg = self.config(arm, seed, rl_iterations=0)
+        run(cfg, progress=not self.args.quiet, evaluator=lambda p, c, tag: self.evaluate(p, c, f"seed {seed} {arm.name}"))
         return Path(cfg.output_dir)
 
     def start_from_sft(self, sft_dir: Path, out: Path) -> None:
