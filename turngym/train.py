@@ -18,7 +18,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -171,11 +171,24 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None) -> dict:
+def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None, *,
+        evaluator: Callable[[Any, TrainConfig, str], dict] | None = None,
+        on_iteration: Callable[[Any, dict], None] | None = None) -> dict:
     """Run (or resume) the whole path; returns ``summary.json``'s content.
 
     Under ``torchrun`` / ``accelerate launch`` (``ctx`` from ``DistContext.from_env()``) the RL stage
     is data-parallel; SFT runs identically on every rank and rank 0 alone evaluates and writes.
+
+    Args:
+        cfg: The pipeline's config.
+        progress: Progress bars and a line per stage.
+        ctx: The data-parallel context (default: from the environment).
+        evaluator: ``evaluator(policy, cfg, tag)`` returns a stage's held-out record, with at least
+            ``evaluate_policy``'s keys (default: ``evaluate_policy``).
+        on_iteration: Passed to the RL trainer's ``train`` (called after each iteration).
+
+    Returns:
+        The summary: per-stage held-out success, ``held_out_table``, this run's wall time.
     """
     ctx = ctx or DistContext.from_env()
     main = ctx.is_main
@@ -198,7 +211,7 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None)
     def held_out(tag: str) -> None:
         """Evaluate on rank 0 (the others wait) and record the stage."""
         if main:
-            stages.finish(f"eval_{tag}", evaluate_policy(policy, cfg, tag))
+            stages.finish(f"eval_{tag}", (evaluator or evaluate_policy)(policy, cfg, tag))
         ctx.barrier()
         stages.reload()
 
@@ -232,10 +245,11 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None)
         logger = None
         if main:
             logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=has_checkpoint(out / cfg.algo / "checkpoint"))
-        trainer.train(logger=logger, progress=progress)
+        trainer.train(logger=logger, progress=progress, on_iteration=on_iteration)
         if logger is not None:
             logger.close()
-            stages.finish("rl", {"iterations": trainer.iteration, "env_steps": trainer.env_steps})
+            stages.finish("rl", {"iterations": trainer.iteration, "env_steps": trainer.env_steps,
+                                 "train_seconds": trainer.train_seconds})
         if main:
             save_final_model(policy, out / "final_model")
         held_out("final")

@@ -152,3 +152,53 @@ def bootstrap_diff(
         "paired": paired,
         "significant": bool(low > 0 or high < 0),
     }
+
+
+def mcnemar_exact(a: Sequence[float], b: Sequence[float]) -> dict:
+    """Exact McNemar test of paired binary outcomes (two agents on the same episodes).
+
+    Only discordant pairs carry information: ``n01`` episodes only ``b`` solved, ``n10`` only ``a``.
+    Under the null (equal success rates) each discordant pair is a fair coin, so the two-sided
+    p-value is ``min(1, 2 * P(X <= min(n01, n10)))`` with ``X ~ Binomial(n01 + n10, 1/2)``.
+
+    Args:
+        a: Per-episode 0/1 outcomes of the baseline.
+        b: Per-episode 0/1 outcomes of the other agent, same length and order.
+
+    Returns:
+        ``{"n01", "n10", "p"}``; ``p`` is 1.0 when there is no discordant pair.
+
+    Raises:
+        ValueError: unequal lengths, or an outcome that is not 0 or 1.
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length: {len(a)} vs {len(b)}")
+    if any(v not in (0, 1) for v in (*a, *b)):
+        raise ValueError("mcnemar_exact needs 0/1 outcomes")
+    n01 = sum(1 for x, y in zip(a, b) if not x and y)
+    n10 = sum(1 for x, y in zip(a, b) if x and not y)
+    n = n01 + n10
+    tail = sum(math.comb(n, i) for i in range(min(n01, n10) + 1)) / 2**n
+    return {"n01": n01, "n10": n10, "p": min(1.0, 2 * tail)}
+
+
+def paired_comparison(a: Sequence[float], b: Sequence[float], *, n_boot: int = 10000, seed: int = 0) -> dict:
+    """``b`` against the baseline ``a`` on the same episodes: the difference of success rates with
+    a paired-bootstrap 95% CI, and (for 0/1 outcomes) the exact McNemar p-value.
+
+    Args:
+        a: Per-episode outcomes of the baseline (0/1, or per-episode means of several samples).
+        b: The other agent's outcomes on the same episodes in the same order.
+        n_boot: Bootstrap resamples.
+        seed: Seed of the resampling.
+
+    Returns:
+        ``{"diff", "ci": [low, high], "n", "p_mcnemar", "n01", "n10"}``; the McNemar entries are
+        None when the outcomes are not all 0/1.
+    """
+    d = bootstrap_diff(a, b, paired=True, n_boot=n_boot, seed=seed)
+    out = {"diff": d["diff"], "ci": d["ci"], "n": len(a), "p_mcnemar": None, "n01": None, "n10": None}
+    if all(v in (0, 1) for v in (*a, *b)):
+        m = mcnemar_exact(a, b)
+        out.update(p_mcnemar=m["p"], n01=m["n01"], n10=m["n10"])
+    return out

@@ -19,7 +19,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import torch
@@ -48,10 +48,14 @@ class SFTConfig:
     trainable: str = knob("all", "all | top:K | lora (adapters are merged back after SFT)")
     autocast: str = knob("auto", "auto | bf16 | none: mixed precision for the forwards (see OnlineConfig)")
     seed: int = knob(0, "seeds the expert episodes and the data order")
+    time_budget_s: float = knob(0.0, "stop after the optimizer step whose training seconds (the update loop, "
+                                     "without making the expert data or on_step's work) reach this; 0 = no limit")
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.epochs < 0 or self.batch_size < 1:
             raise ValueError("episodes and batch_size must be >= 1 and epochs >= 0")
+        if self.time_budget_s < 0:
+            raise ValueError(f"time_budget_s must be >= 0, got {self.time_budget_s}")
 
 
 def expert_trajectories(env_id: str, episodes: int, env_kwargs: dict | None = None, seed: int = 0) -> list[Trajectory]:
@@ -85,14 +89,39 @@ def tokenize_expert(policy: Any, traj: Trajectory, tools: list, tool_format: str
 
 
 def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: dict | None = None,
-        logger: Any = None, progress: bool = True) -> dict[str, float]:
+        logger: Any = None, progress: bool = True, on_step: Callable[[dict], None] | None = None) -> dict[str, float]:
     """Warm-start ``policy.model`` in place on ``env_id``'s expert trajectories.
 
+    Args:
+        policy: An ``HFPolicy`` (``model``, ``chat``, ``pad_id``).
+        env_id: The env whose oracle plays the expert episodes.
+        cfg: The knobs; ``cfg.time_budget_s`` stops training early.
+        env_kwargs: Env constructor overrides (the training split).
+        logger: Gets ``sft/loss`` per optimizer step.
+        progress: Show a progress bar.
+        on_step: Called as ``on_step(metrics)`` after each optimizer step (``sft/step``,
+            ``sft/loss``, ``sft/train_seconds``), in eval mode; its time is not training time.
+
     Returns:
-        Final metrics: ``sft/loss`` (last epoch's mean NLL per token), ``sft/episodes``, ``sft/seconds``.
+        Final metrics: ``sft/loss`` (last epoch's mean NLL per token), ``sft/episodes``, ``sft/seconds``,
+        ``sft/train_seconds`` (the update loop less ``on_step``'s time) and ``sft/steps``.
     """
     cfg = cfg or SFTConfig()
     t0 = time.perf_counter()
+    data = _expert_data(policy, env_id, cfg, env_kwargs)
+    model = policy.model = prepare_trainable(policy.model, cfg.trainable)
+    metrics = _fit(policy, data, cfg, logger, progress, on_step)
+    model.eval()
+    if hasattr(model, "merge_and_unload"):  # LoRA: fold the adapters back into plain weights
+        policy.model = model.merge_and_unload()
+    for p in policy.model.parameters():
+        p.requires_grad_(True)  # the next stage chooses its own trainable set
+    policy.invalidate_caches()
+    return {**metrics, "sft/episodes": len(data), "sft/seconds": time.perf_counter() - t0}
+
+
+def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | None) -> list[Trajectory]:
+    """The oracle's successful episodes, tokenized for ``policy``."""
     probe = gym.make(env_id, **(env_kwargs or {}))
     desc = describe_env(probe)
     probe.close()
@@ -100,15 +129,22 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
     experts = expert_trajectories(env_id, cfg.episodes, env_kwargs, cfg.seed)
     if not experts:
         raise RuntimeError(f"the oracle of {env_id} solved no episode; nothing to imitate")
-    data = [tokenize_expert(policy, t, desc["tools"], desc["tool_format"]) for t in experts]
-    model = policy.model = prepare_trainable(policy.model, cfg.trainable)
+    return [tokenize_expert(policy, t, desc["tools"], desc["tool_format"]) for t in experts]
+
+
+def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progress: bool,
+         on_step: Callable[[dict], None] | None) -> dict[str, float]:
+    """The update loop: ``cfg.epochs`` shuffled passes, or until ``cfg.time_budget_s``."""
+    model = policy.model
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     rng = random.Random(cfg.seed)
     steps_per_epoch = (len(data) + cfg.batch_size - 1) // cfg.batch_size
     bar = tqdm(total=cfg.epochs * steps_per_epoch, desc="sft", disable=not progress)
     model.train()
-    epoch_loss = float("nan")
+    epoch_loss, step, hook_s = float("nan"), 0, 0.0  # hook_s: time in on_step, not training time
+    t_train = time.perf_counter()  # the budget counts updates only: the expert data is made once
+    over = lambda: bool(cfg.time_budget_s) and time.perf_counter() - t_train - hook_s >= cfg.time_budget_s
     for epoch in range(cfg.epochs):
         order = list(range(len(data)))
         rng.shuffle(order)
@@ -121,21 +157,34 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             opt.step()
-            total += loss.item()
-            count += 1
+            total, count, step = total + loss.item(), count + 1, step + 1
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if logger is not None:
                 logger.log({"sft/loss": loss.item()}, step=epoch * steps_per_epoch + count)
+            if on_step is not None:
+                h0, train_s = time.perf_counter(), time.perf_counter() - t_train - hook_s
+                _call_in_eval_mode(model, policy, on_step, {"sft/step": step, "sft/loss": loss.item(),
+                                                            "sft/train_seconds": train_s})
+                hook_s += time.perf_counter() - h0
+            if over():
+                break
         epoch_loss = total / max(count, 1)
+        if over():
+            break
     bar.close()
+    return {"sft/loss": epoch_loss, "sft/train_seconds": time.perf_counter() - t_train - hook_s, "sft/steps": step}
+
+
+def _call_in_eval_mode(model: Any, policy: Any, fn: Callable[[dict], None], metrics: dict) -> None:
+    """Run a hook (e.g. a held-out evaluation) on the model in eval mode, then resume training."""
     model.eval()
-    if hasattr(model, "merge_and_unload"):  # LoRA: fold the adapters back into plain weights
-        policy.model = model.merge_and_unload()
-    for p in policy.model.parameters():
-        p.requires_grad_(True)  # the next stage chooses its own trainable set
     policy.invalidate_caches()
-    return {"sft/loss": epoch_loss, "sft/episodes": len(data), "sft/seconds": time.perf_counter() - t0}
+    try:
+        fn(metrics)
+    finally:
+        policy.invalidate_caches()
+        model.train()
 
 
 def save_policy_model(policy: Any, path: str | Path) -> Path:

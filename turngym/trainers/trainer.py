@@ -27,7 +27,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import gymnasium as gym
 import torch
@@ -84,6 +84,8 @@ class OnlineConfig:
                                     "during updates, training on episodes at most k policy versions old")
     seed: int = knob(0, "seeds task order, sampling and minibatches")
     checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
+    time_budget_s: float = knob(0.0, "stop after the iteration whose training seconds (collect + update, "
+                                     "not on_iteration's work) reach this; 0 = no limit")
 
     def __post_init__(self) -> None:
         if self.iterations < 0 or self.episodes_per_iter < 1:
@@ -102,6 +104,8 @@ class OnlineConfig:
             raise ValueError("micro_batch_size and max_state_visits must be >= 0")
         if self.actor_warmup_steps < 0:
             raise ValueError(f"actor_warmup_steps must be >= 0, got {self.actor_warmup_steps}")
+        if self.time_budget_s < 0:
+            raise ValueError(f"time_budget_s must be >= 0, got {self.time_budget_s}")
         if self.env_workers not in ("local", "thread", "subprocess", "ray"):
             raise ValueError(f"env_workers must be local, thread, subprocess or ray, got {self.env_workers!r}")
 
@@ -199,6 +203,7 @@ class OnlineTrainer:
         self._collector: AsyncCollector | None = None
         self.iteration = 0
         self.env_steps = 0
+        self.train_seconds = 0.0  # wall-clock spent in iterations and checkpoints, not in on_iteration
         self._ready = False
 
     # ----- setup ---------------------------------------------------------------------------
@@ -275,6 +280,11 @@ class OnlineTrainer:
             self._collector.set_version(self.iteration)  # the policy is now one version newer
         return metrics
 
+    def done(self) -> bool:
+        """Whether training is over: ``cfg.iterations`` reached or ``cfg.time_budget_s`` spent."""
+        budget = self.cfg.time_budget_s
+        return self.iteration >= self.cfg.iterations or bool(budget and self.train_seconds >= budget)
+
     def close(self) -> None:
         """Stop the background collector, if any."""
         if self._collector is not None:
@@ -282,9 +292,18 @@ class OnlineTrainer:
             self._collector = None
 
     # ----- the loop -------------------------------------------------------------------------
-    def train(self, resume: bool = True, logger: MetricsLogger | None = None, progress: bool = True) -> list[dict]:
-        """Run until ``cfg.iterations``, logging every iteration and checkpointing every
-        ``cfg.checkpoint_every``; resumes from ``out_dir/checkpoint`` when present.
+    def train(self, resume: bool = True, logger: MetricsLogger | None = None, progress: bool = True,
+              on_iteration: Callable[[OnlineTrainer, dict], None] | None = None) -> list[dict]:
+        """Run until ``cfg.iterations`` (or ``cfg.time_budget_s``), logging every iteration and
+        checkpointing every ``cfg.checkpoint_every``; resumes from ``out_dir/checkpoint`` when present.
+
+        Args:
+            resume: Continue from ``out_dir/checkpoint`` when there is one.
+            logger: Where metric rows go (default: a ``MetricsLogger`` in ``out_dir``).
+            progress: Show a progress bar.
+            on_iteration: Called as ``on_iteration(trainer, metrics)`` after each iteration, before its
+                checkpoint (a kill inside it replays the iteration), with background collection paused;
+                its time is not counted in ``train_seconds`` (e.g. a held-out evaluation).
 
         Returns:
             The logged metric rows of this run.
@@ -302,17 +321,25 @@ class OnlineTrainer:
         bar = tqdm(total=cfg.iterations, initial=self.iteration, desc=self.name, disable=not (progress and main))
         rows = []
         try:
-            while self.iteration < cfg.iterations:
+            while not self.done():
+                t0 = time.perf_counter()
                 metrics = self.step()
+                self.train_seconds += time.perf_counter() - t0
+                metrics["train_seconds"] = self.train_seconds
                 if logger is not None and main:
                     logger.log(metrics, step=self.iteration)
                 rows.append(metrics)
                 bar.update(1)
                 bar.set_postfix(success=f"{metrics['rollout/success']:.2f}", steps=metrics["env_steps"])
+                if on_iteration is not None:
+                    with self.weights_lock():
+                        on_iteration(self, metrics)
                 every = cfg.checkpoint_every
-                if (every and self.iteration % every == 0) or self.iteration == cfg.iterations:
+                if (every and self.iteration % every == 0) or self.done():
+                    t0 = time.perf_counter()
                     with self.weights_lock():  # a consistent snapshot while generation goes on
                         self.save(self.ckpt_dir)
+                    self.train_seconds += time.perf_counter() - t0
         finally:
             self.close()
         bar.close()
@@ -330,6 +357,7 @@ class OnlineTrainer:
             save_checkpoint(path, {
                 "model": self.model.state_dict(), "actor_opt": self.actor_opt.state_dict(),
                 "gen": self.gen.get_state(), "iteration": self.iteration, "env_steps": self.env_steps,
+                "train_seconds": self.train_seconds,
                 "config": asdict(self.cfg), "reward": reward_state_dict(self.reward_fn),  # e.g. SPA's estimator
                 **self._extra_state(),
             })
@@ -345,6 +373,7 @@ class OnlineTrainer:
         self.gen.set_state(st["gen"])
         load_reward_state_dict(self.reward_fn, st.get("reward", {}))
         self.iteration, self.env_steps = st["iteration"], st["env_steps"]
+        self.train_seconds = float(st.get("train_seconds", 0.0))
         self._load_extra_state(st)
         self.policy.invalidate_caches()
         return True

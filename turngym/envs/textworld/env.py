@@ -239,6 +239,13 @@ class TextWorldEnv(EngineBacked, WalkthroughMixin, TextEnv):
     def task_type(self, task_id: str) -> str:
         return self._by_id[task_id].task_type
 
+    def task_group(self, task_id: str) -> str:
+        """A finer report group than ``task_type``: the challenge's level when it has one (e.g.
+        ``coin-L3``; coin-collector levels above 100 add dead-end side rooms)."""
+        rec = self._by_id[task_id]
+        level = rec.settings.get("level")
+        return rec.task_type if level is None else f"{rec.task_type}-L{level}"
+
     def outcome(self) -> float:
         return 1.0 if self._won else 0.0
 

@@ -1,0 +1,275 @@
+"""The learning protocol (issue #15): every learning claim is measured this way.
+
+Per seed, SFT runs once (the ``turngym train`` pipeline's SFT stage); every arm starts from those
+weights and is evaluated on the same held-out games (greedy, and ``--samples`` times per game at the
+training temperature) at its start, every ``--eval-every`` iterations and at its end:
+
+- ``sft``: the SFT stage itself;
+- RL arms ``[NAME=]ALGO[:KEY=VALUE ...]``: the train pipeline's RL stage with config overrides,
+  e.g. ``rloo`` or ``"archer_kl=archer:archer.kl_coef=0.01 archer.tau=0.1"``;
+- ``sft_continued``: SFT continued on the expert data for as many training seconds as the longest
+  RL arm of that seed trained (evaluation excluded), evaluated at the same wall-clock points.
+
+    python scripts/protocol.py --config configs/quickstart.yaml --arm sft --arm sft_continued \\
+        --arm archer --arm rloo --seeds 0 1 2 --games 128 --samples 2 --out runs/protocol
+
+Writes ``protocol.json`` (everything), ``protocol.md`` (the tables) and ``protocol.png`` (learning
+curves) in ``--out``; ``--out/seed<S>/<arm>/`` are ordinary ``turngym train`` output dirs, so a
+killed run rerun with the same arguments resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from turngym.bench.protocol import compare_arms, held_out_eval, markdown_report, plot_curves, task_groups
+from turngym.config import apply_overrides, load_yaml
+from turngym.train import TrainConfig, load_policy, run
+from turngym.trainers.sft import sft
+
+
+@dataclass
+class Arm:
+    name: str
+    algo: str  # sft | sft_continued | an RL algo of TrainConfig
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def is_rl(self) -> bool:
+        return self.algo not in ("sft", "sft_continued")
+
+
+def parse_arm(spec: str) -> Arm:
+    """``[NAME=]ALGO[:KEY=VALUE KEY=VALUE ...]`` (overrides split like a shell line)."""
+    head, _, rest = spec.partition(":")
+    name, _, algo = head.rpartition("=")
+    return Arm(name or algo, algo, shlex.split(rest))
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path, default=None):
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def _split(env_kwargs: dict, split: str) -> dict:
+    return {**env_kwargs, "split": split} if split else dict(env_kwargs)
+
+
+def _point(rec: dict, iteration: int, env_steps: int | None, train_seconds: float) -> dict:
+    """A learning-curve point: where it was taken and its held-out record."""
+    return {"iteration": iteration, "env_steps": env_steps, "train_seconds": train_seconds, **rec}
+
+
+class Protocol:
+    """Runs (or resumes) every seed and arm, then assembles the report from the per-run files."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        base = load_yaml(TrainConfig, args.config) if args.config else TrainConfig()
+        self.base = apply_overrides(base, list(args.set) + ["eval.zero_shot=false"])
+        self.args, self.out = args, Path(args.out)
+        self.arms = [parse_arm(a) for a in args.arm]
+        if not any(a.algo == "sft" for a in self.arms):  # the baseline every arm is compared with
+            self.arms.insert(0, Arm("sft", "sft"))
+        if any(a.algo == "sft" and a.name != "sft" for a in self.arms):
+            raise SystemExit("the sft arm is the baseline and keeps its name: --arm 'sft[:KEY=VALUE ...]'")
+        if len({a.name for a in self.arms}) != len(self.arms):
+            raise SystemExit("arm names must be distinct (name them: NAME=ALGO:...)")
+        if any(a.algo == "sft_continued" for a in self.arms) and not any(a.is_rl for a in self.arms):
+            raise SystemExit("sft_continued matches an RL arm's training time: add an RL arm")
+        rl = self.base.archer if self.base.algo == "archer" else self.base.pg
+        self.temperature = rl.temperature if args.temperature is None else args.temperature
+        self.held_out = _split(self.base.env_kwargs, self.base.eval.split)
+        self.groups = task_groups(self.base.env_id, self.held_out)
+
+    # ----- configs and evaluation ------------------------------------------------------------
+    def config(self, arm: Arm, seed: int, rl_iterations: int | None = None) -> TrainConfig:
+        algo = arm.algo if arm.is_rl else self.base.algo
+        sets = [f"algo={algo}", *arm.overrides, f"seed={seed}", f"sft.seed={seed}", f"archer.seed={seed}",
+                f"pg.seed={seed}", f"output_dir={self.out / f'seed{seed}' / arm.name}"]
+        if rl_iterations is not None:
+            sets += [f"archer.iterations={rl_iterations}", f"pg.iterations={rl_iterations}"]
+        return apply_overrides(self.base, sets)
+
+    def evaluate(self, policy, cfg: TrainConfig, label: str) -> dict:
+        a = self.args
+        rec = held_out_eval(policy, cfg.env_id, self.held_out, games=a.games, samples=a.samples,
+                            temperature=self.temperature, max_new_tokens=cfg.eval.max_new_tokens,
+                            num_envs=cfg.eval.num_envs, groups=self.groups)
+        temp = "" if rec["temp_success"] is None else f", T={self.temperature} {rec['temp_success']:.1%}"
+        lo, hi = rec["success_ci95"]
+        print(f"[protocol] {label}: greedy {rec['success']:.1%} [{lo:.1%}, {hi:.1%}] (n={rec['episodes']}){temp}",
+              flush=True)
+        return rec
+
+    # ----- the arms ---------------------------------------------------------------------------
+    def run_sft(self, seed: int) -> Path:
+        """The seed's SFT stage and its evaluation (the pipeline with no RL iterations)."""
+        arm = next(a for a in self.arms if a.algo == "sft")  # its overrides shape the SFT stage
+        cfg = self.config(arm, seed, rl_iterations=0)
+        run(cfg, progress=not self.args.quiet, evaluator=lambda p, c, tag: self.evaluate(p, c, f"seed {seed} {arm.name}"))
+        return Path(cfg.output_dir)
+
+    def start_from_sft(self, sft_dir: Path, out: Path) -> None:
+        """Give an arm's output dir the seed's SFT stage, so the pipeline resumes after it."""
+        out.mkdir(parents=True, exist_ok=True)
+        stages = _read_json(out / "stages.json", {})
+        if "sft" in stages:
+            return
+        shutil.copyfile(sft_dir / "sft_model.pt", out / "sft_model.pt")
+        done = _read_json(sft_dir / "stages.json")
+        _write_json(out / "stages.json", {"sft": done["sft"], "eval_sft": done["eval_sft"], **stages})
+
+    def run_rl(self, arm: Arm, seed: int, sft_dir: Path) -> None:
+        cfg = self.config(arm, seed)
+        out = Path(cfg.output_dir)
+        self.start_from_sft(sft_dir, out)
+        curve_path = out / "curve.json"
+        rl = cfg.archer if cfg.algo == "archer" else cfg.pg
+        every = self.args.eval_every or max(1, rl.iterations // 4)
+        first = []
+
+        def on_iteration(trainer, metrics) -> None:
+            curve = _read_json(curve_path, {})
+            if not first:  # the first iteration of this process: points from here on are replayed
+                first.append(trainer.iteration)
+                curve = {k: v for k, v in curve.items() if int(k) < trainer.iteration}
+            if trainer.iteration % every == 0 and not trainer.done():
+                label = f"seed {seed} {arm.name} it {trainer.iteration} ({trainer.train_seconds:.0f}s)"
+                rec = self.evaluate(trainer.policy, cfg, label)
+                curve[str(trainer.iteration)] = _point(rec, trainer.iteration, trainer.env_steps, trainer.train_seconds)
+            _write_json(curve_path, curve)
+
+        run(cfg, progress=not self.args.quiet, on_iteration=on_iteration,
+            evaluator=lambda p, c, tag: self.evaluate(p, c, f"seed {seed} {arm.name} {tag}"))
+
+    def run_sft_continued(self, arm: Arm, seed: int, sft_dir: Path, budget: float, at: list[float]) -> None:
+        """SFT from the seed's SFT weights for ``budget`` training seconds, evaluated at ``at``."""
+        cfg = self.config(arm, seed)
+        out = Path(cfg.output_dir)
+        self.start_from_sft(sft_dir, out)
+        stages = _read_json(out / "stages.json")
+        if "eval_final" in stages:
+            return
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        policy = load_policy(cfg.model)
+        policy.model.load_state_dict(torch.load(out / "sft_model.pt", map_location=policy.device))
+        policy.invalidate_caches()
+        curve, todo = {}, sorted(at)
+
+        def on_step(m: dict) -> None:
+            if todo and m["sft/train_seconds"] >= todo[0]:
+                while todo and m["sft/train_seconds"] >= todo[0]:
+                    todo.pop(0)
+                rec = self.evaluate(policy, cfg, f"seed {seed} {arm.name} step {m['sft/step']} "
+                                                 f"({m['sft/train_seconds']:.0f}s)")
+                curve[str(m["sft/step"])] = _point(rec, m["sft/step"], None, m["sft/train_seconds"])
+
+        sft_cfg = apply_overrides(cfg, ["sft.epochs=1000000", f"sft.time_budget_s={budget}"]).sft
+        res = sft(policy, cfg.env_id, sft_cfg, env_kwargs=_split(cfg.env_kwargs, cfg.train_split),
+                  progress=not self.args.quiet, on_step=on_step)
+        _write_json(out / "curve.json", curve)
+        stages["sft_continued"] = res
+        stages["eval_final"] = self.evaluate(policy, cfg, f"seed {seed} {arm.name} final")
+        _write_json(out / "stages.json", stages)
+
+    # ----- the whole protocol -----------------------------------------------------------------
+    def run_all(self) -> dict:
+        for seed in self.args.seeds:
+            sft_dir = self.run_sft(seed)
+            for arm in (a for a in self.arms if a.is_rl):
+                self.run_rl(arm, seed, sft_dir)
+            for arm in (a for a in self.arms if a.algo == "sft_continued"):
+                budget, at = self.matched_time(seed)
+                self.run_sft_continued(arm, seed, sft_dir, budget, at)
+        return self.assemble()
+
+    def matched_time(self, seed: int) -> tuple[float, list[float]]:
+        """The longest-training RL arm of ``seed``: its training seconds and its evaluation times."""
+        best = (0.0, [])
+        for arm in (a for a in self.arms if a.is_rl):
+            out = self.out / f"seed{seed}" / arm.name
+            secs = _read_json(out / "stages.json")["rl"]["train_seconds"]
+            if secs > best[0]:
+                best = (secs, [p["train_seconds"] for p in _read_json(out / "curve.json", {}).values()])
+        if best[0] <= 0:
+            raise RuntimeError(f"seed {seed}: no RL arm trained, so sft_continued has no time budget")
+        return best
+
+    def curve(self, arm: Arm, seed: int) -> tuple[dict, list[dict]]:
+        """An arm's final record and its learning curve (start = the SFT evaluation)."""
+        out = self.out / f"seed{seed}" / arm.name
+        stages = _read_json(self.out / f"seed{seed}" / "sft" / "stages.json")
+        points = [_point(stages["eval_sft"], 0, 0, 0.0)]
+        if arm.algo == "sft":
+            return stages["eval_sft"], points
+        mine = _read_json(out / "stages.json")
+        mid = sorted(_read_json(out / "curve.json", {}).values(), key=lambda p: p["iteration"])
+        if arm.is_rl:
+            rl = mine["rl"]
+            end = _point(mine["eval_final"], rl["iterations"], rl["env_steps"], rl["train_seconds"])
+        else:
+            res = mine["sft_continued"]
+            end = _point(mine["eval_final"], res["sft/steps"], None, res["sft/train_seconds"])
+            points[0]["env_steps"] = None  # SFT-continued plays no env steps: plotted against time only
+        return mine["eval_final"], points + mid + [end]
+
+    def assemble(self) -> dict:
+        finals, curves = {}, {}
+        for arm in self.arms:
+            for seed in self.args.seeds:
+                final, points = self.curve(arm, seed)
+                finals.setdefault(arm.name, {})[seed] = final
+                keep = ("iteration", "env_steps", "train_seconds", "success", "success_ci95", "temp_success")
+                curves.setdefault(arm.name, {})[seed] = [{k: p.get(k) for k in keep} for p in points]
+        table = compare_arms(finals)
+        a = self.args
+        report = {"env_id": self.base.env_id, "held_out_split": self.base.eval.split, "games": a.games,
+                  "samples": a.samples, "temperature": self.temperature, "seeds": a.seeds,
+                  "arms": {arm.name: asdict(arm) for arm in self.arms}, "config": asdict(self.base),
+                  "table": table, "curves": curves, "finals": finals}
+        _write_json(self.out / "protocol.json", report)
+        note = (f"{self.base.env_id}, {a.games} held-out games ({self.base.eval.split or 'no split'}), greedy and "
+                f"{a.samples} samples per game at T={self.temperature}; seeds {a.seeds}. Paired differences: "
+                f"bootstrap 95% CI over games, exact McNemar p on greedy outcomes.")
+        (self.out / "protocol.md").write_text(markdown_report(table, note=note))
+        plot_curves(curves, self.out / "protocol.png", title=f"{self.base.env_id}: held-out greedy success")
+        return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, help="base YAML train config (default: the quickstart)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a base config field")
+    p.add_argument("--arm", action="append", default=[], help="sft | sft_continued | [NAME=]ALGO[:KEY=VALUE ...]")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--games", type=int, default=128, help="held-out games per evaluation")
+    p.add_argument("--samples", type=int, default=2, help="samples per game at the training temperature")
+    p.add_argument("--temperature", type=float, default=None, help="default: the base config's RL temperature")
+    p.add_argument("--eval-every", type=int, default=0, help="RL iterations between evaluations (0: iterations/4)")
+    p.add_argument("--out", default="runs/protocol")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    if not args.arm:
+        args.arm = ["sft", "sft_continued", "rloo"]
+    report = Protocol(args).run_all()
+    print((Path(args.out) / "protocol.md").read_text())
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""The learning protocol: its statistics against hand-computed numbers, and a tiny end-to-end run
+(SFT, an RL arm, SFT-continued) on the tiny model and the toy env, with resume."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fixtures_model import build_tiny_model
+
+from turngym.bench.metrics import mcnemar_exact, paired_comparison
+from turngym.bench.protocol import compare_arms
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "protocol.py"
+
+
+def test_mcnemar_exact_by_hand():
+    # 3 games only b solved, 1 only a: n=4, P(X <= 1) = (1 + 4) / 16, p = 2 * 5/16 = 0.625
+    a = [1, 0, 0, 0, 1, 1]
+    b = [0, 1, 1, 1, 1, 0][:5] + [1]
+    m = mcnemar_exact(a, b)
+    assert (m["n01"], m["n10"]) == (3, 1)
+    torch.testing.assert_close(m["p"], 0.625)
+    # 6 discordant pairs all one way: p = 2 / 2**6 = 0.03125
+    torch.testing.assert_close(mcnemar_exact([0] * 6 + [1], [1] * 7)["p"], 0.03125)
+    assert mcnemar_exact([1, 0], [1, 0]) == {"n01": 0, "n10": 0, "p": 1.0}  # no discordant pair
+    assert mcnemar_exact([0, 1, 0], [1, 0, 0])["p"] == 1.0  # balanced: 2 * P(X <= 1 | n=2) = 1.5, capped
+    with pytest.raises(ValueError, match="0/1"):
+        mcnemar_exact([0.5], [1])
+    with pytest.raises(ValueError, match="length"):
+        mcnemar_exact([0, 1], [1])
+
+
+def test_paired_comparison_by_hand():
+    c = paired_comparison([0, 0, 1, 1], [1, 1, 1, 1])
+    # diff = 1 - 0.5; per-game differences 1, 1, 0, 0 -> every resample's mean in [0, 1]
+    assert c["diff"] == 0.5 and c["n"] == 4 and (c["n01"], c["n10"]) == (2, 0)
+    torch.testing.assert_close(c["p_mcnemar"], 0.5)  # 2 * (1/2)**2
+    assert 0.0 <= c["ci"][0] <= 0.5 <= c["ci"][1] <= 1.0
+    frac = paired_comparison([0.5, 0.0], [1.0, 0.5])  # per-game means of samples: no McNemar
+    assert frac["diff"] == 0.5 and frac["ci"] == [0.5, 0.5] and frac["p_mcnemar"] is None
+
+
+def _rec(greedy, temp=None, groups=None):
+    n = len(greedy)
+    return {"success": sum(greedy) / n, "success_ci95": [0.0, 1.0], "episodes": n, "per_episode_success": greedy,
+            "games": [[str(i), i] for i in range(n)], "groups": groups or ["g"] * n,
+            "temp_success": None if temp is None else sum(temp) / n, "temp_ci95": None,
+            "per_episode_temp_success": temp or []}
+
+
+def test_compare_arms_per_seed_mean_and_pooled():
+    finals = {"sft": {0: _rec([0, 0, 1, 1], groups=["a", "b", "a", "b"]), 1: _rec([0, 0, 0, 1])},
+              "rl": {0: _rec([1, 1, 1, 1]), 1: _rec([0, 0, 0, 1])}}
+    t = compare_arms(finals)
+    assert t["rl"]["per_seed"][0]["vs_sft"]["greedy"]["diff"] == 0.5
+    assert t["rl"]["per_seed"][1]["vs_sft"]["greedy"]["diff"] == 0.0
+    m = t["rl"]["mean"]
+    assert m["success"] == 0.625 and m["vs_sft"] == 0.25 and m["n"] == 8
+    pooled = m["pooled_vs_sft"]["greedy"]  # 8 pairs, 2 discordant (both for rl): diff 2/8
+    assert pooled["n"] == 8 and pooled["diff"] == 0.25 and pooled["p_mcnemar"] == 0.5
+    assert "vs_sft" not in t["sft"]["per_seed"][0]
+    assert t["sft"]["by_group"]["a"] == {"success": 0.5, "ci95": pytest.approx([0.0945, 0.9055], abs=1e-3), "n": 2}
+
+
+def test_time_budgets_and_hooks(tmp_path, tiny_tokenizer):
+    from turngym.agents.hf import HFPolicy
+    from turngym.trainers.pg import PGConfig, PGTrainer
+    from turngym.trainers.sft import SFTConfig, sft
+
+    def trainer():
+        cfg = PGConfig(algo="rloo", iterations=5, episodes_per_iter=2, group_size=2, num_envs=2, max_new_tokens=4,
+                       autocast="none", time_budget_s=1e-6)
+        return PGTrainer(HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer), "tests/Guess-v0", cfg,
+                         out_dir=tmp_path / "pg")
+
+    seen = []
+    first = trainer()
+    first.train(progress=False, on_iteration=lambda t, m: seen.append((t.iteration, m["train_seconds"])))
+    assert first.iteration == 1 and first.done() and seen == [(1, pytest.approx(seen[0][1]))] and seen[0][1] > 0
+    resumed = trainer()  # the budget is spent: a resumed run only reloads, with its training seconds
+    resumed.train(progress=False, on_iteration=lambda t, m: seen.append(t.iteration))
+    assert resumed.iteration == 1 and len(seen) == 1 and 0 < resumed.train_seconds <= first.train_seconds
+    steps = []
+    res = sft(first.policy, "tests/Guess-v0", SFTConfig(episodes=2, epochs=1000, batch_size=1, autocast="none",
+                                                        time_budget_s=1e-6), progress=False, on_step=steps.append)
+    assert res["sft/steps"] == 1 and [m["sft/step"] for m in steps] == [1] and res["sft/train_seconds"] > 0
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("protocol_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_protocol_end_to_end_and_resume(tmp_path, tiny_tokenizer, capsys):
+    model_dir = tmp_path / "tiny"
+    build_tiny_model(tiny_tokenizer).save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(f"""
+model: hf:{model_dir}
+algo: rloo
+env_id: tests/Guess-v0
+env_kwargs: {{}}
+train_split: ''
+sft: {{episodes: 2, epochs: 1, batch_size: 2, autocast: none}}
+pg: {{iterations: 2, episodes_per_iter: 2, group_size: 2, num_envs: 2, max_new_tokens: 6, autocast: none}}
+eval: {{split: '', max_new_tokens: 6, num_envs: 4}}
+""")
+    out = tmp_path / "protocol"
+    argv = ["--config", str(cfg), "--arm", "rloo", "--arm", "sft_continued", "--seeds", "0", "--games", "3",
+            "--samples", "1", "--eval-every", "1", "--out", str(out), "--quiet"]
+    script = _load_script()
+    report = script.main(argv)
+    first = capsys.readouterr().out
+    assert set(report["finals"]) == {"sft", "rloo", "sft_continued"}
+    games = report["finals"]["sft"][0]["games"]
+    for arm, by_seed in report["finals"].items():
+        assert by_seed[0]["games"] == games and len(by_seed[0]["per_episode_success"]) == 3, arm
+        assert len(by_seed[0]["temp_samples"]) == 3
+    table = report["table"]
+    assert "vs_sft" in table["rloo"]["per_seed"][0] and "vs_sft_continued" in table["rloo"]["per_seed"][0]
+    assert table["rloo"]["per_seed"][0]["vs_sft"]["greedy"]["p_mcnemar"] is not None
+    curve = report["curves"]["rloo"][0]  # start (SFT), after iteration 1, final
+    assert [p["iteration"] for p in curve] == [0, 1, 2] and curve[-1]["train_seconds"] > 0
+    assert report["curves"]["sft_continued"][0][-1]["env_steps"] is None
+    assert json.loads((out / "protocol.json").read_text())["games"] == 3
+    assert (out / "protocol.png").stat().st_size > 0 and "vs sft_continued" in (out / "protocol.md").read_text()
+    # sft; rloo after iteration 1 and at its end; sft_continued at rloo's iteration-1 time and at its end
+    assert first.count("[protocol]") == 5
+
+    # delete the RL arm's final entry: a rerun re-evaluates only that
+    stages_path = out / "seed0" / "rloo" / "stages.json"
+    stages = json.loads(stages_path.read_text())
+    del stages["eval_final"]
+    stages_path.write_text(json.dumps(stages))
+    again = script.main(argv)
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[protocol]")]
+    assert len(lines) == 1 and "rloo final" in lines[0]
+    assert again["finals"]["rloo"][0]["per_episode_success"] == report["finals"]["rloo"][0]["per_episode_success"]

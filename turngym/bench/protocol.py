@@ -1,0 +1,272 @@
+"""The learning protocol's library half: one held-out evaluation every arm shares, the arm-vs-arm
+statistics, the Markdown report and the learning-curve plot. ``scripts/protocol.py`` runs the arms.
+
+An evaluation plays a fixed list of held-out games, each once greedily and ``samples`` times at the
+training temperature with fixed sampling seeds. Every arm and every seed plays the same list in the
+same order, so outcomes pair up game by game: differences between arms are paired (bootstrap CI on
+the per-game differences, exact McNemar test on the greedy outcomes).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from turngym.agents.base import SamplingParams
+from turngym.bench.evaluate import evaluate
+from turngym.bench.metrics import paired_comparison, wilson_interval
+
+BASELINES = ("sft", "sft_continued")
+
+
+def task_groups(env_id: str, env_kwargs: dict) -> dict[str, str]:
+    """Report group of every task of a split: the env's ``task_group`` (e.g. TextWorld's level)
+    when it has one, else its ``task_type``."""
+    probe = gym.make(env_id, **env_kwargs)
+    try:
+        env = probe.unwrapped
+        group = getattr(env, "task_group", env.task_type)
+        return {tid: str(group(tid)) for tid in env.task_ids}
+    finally:
+        probe.close()
+
+
+def held_out_eval(policy: Any, env_id: str, env_kwargs: dict, *, games: int, samples: int, temperature: float,
+                  max_new_tokens: int, num_envs: int = 16, seed: int = 10_000,
+                  groups: dict[str, str] | None = None) -> dict:
+    """Play the held-out list greedily and ``samples`` times at ``temperature``.
+
+    Args:
+        policy: The policy to evaluate (its caches are invalidated first).
+        env_id: The env.
+        env_kwargs: Constructor kwargs of the held-out split.
+        games: Held-out games (cycling over the split's tasks, reset seeds ``seed + i``).
+        samples: Samples per game at ``temperature`` (sampling seeds 0..samples-1).
+        temperature: The training temperature.
+        max_new_tokens: Length cap per utterance.
+        num_envs: Episodes in flight.
+        seed: Reset seed of the first game: the same for every arm and seed.
+        groups: Task id -> report group (default: the trajectories' ``task_type``).
+
+    Returns:
+        A record with ``evaluate_policy``'s keys (greedy ``success``, ``success_ci95``, ``episodes``,
+        ``invalid_action_rate``, ``per_episode_success``) plus ``games`` ([task_id, seed] per game),
+        ``groups``, ``temp_success``, ``temp_ci95``, ``per_episode_temp_success`` (mean over samples)
+        and ``temp_samples`` (per game, per sample).
+    """
+    def play(temp: float, sample_seed: int):
+        policy.invalidate_caches()
+        return evaluate(env_id, policy, episodes=games, seed=seed, env_kwargs=env_kwargs, num_envs=num_envs,
+                        sampling=SamplingParams(temperature=temp, max_new_tokens=max_new_tokens, seed=sample_seed),
+                        progress=False)
+
+    greedy = play(0.0, 0)
+    trajs = greedy.trajectories
+    sampled = [[float(t.success) for t in play(temperature, j).trajectories] for j in range(samples)]
+    temp_samples = [list(col) for col in zip(*sampled)] if samples else [[] for _ in trajs]
+    wins = sum(sum(s) for s in temp_samples)
+    return {
+        "success": greedy.summary["success"], "success_ci95": greedy.summary["success_ci95"], "episodes": len(trajs),
+        "invalid_action_rate": greedy.summary["invalid_action_rate"], "wall_s": greedy.summary["wall_s"],
+        "per_episode_success": [float(t.success) for t in trajs],
+        "games": [[t.task_id, t.metadata.get("seed")] for t in trajs],
+        "groups": [(groups or {}).get(t.task_id, str(t.metadata.get("task_type", "default"))) for t in trajs],
+        "temperature": temperature, "samples": samples,
+        "temp_success": wins / (len(trajs) * samples) if samples else None,
+        "temp_ci95": list(wilson_interval(int(wins), len(trajs) * samples)) if samples else None,
+        "per_episode_temp_success": [sum(s) / len(s) for s in temp_samples] if samples else [],
+        "temp_samples": temp_samples,
+    }
+
+
+def _cell(rec: dict) -> dict:
+    return {"success": rec["success"], "ci95": rec["success_ci95"], "n": rec["episodes"],
+            "temp_success": rec.get("temp_success"), "temp_ci95": rec.get("temp_ci95")}
+
+
+def _vs(base: dict | None, rec: dict) -> dict | None:
+    """Paired comparison of ``rec`` against ``base`` (greedy, and temperature per-game means)."""
+    if base is None or base["games"] != rec["games"]:
+        return None
+    out = {"greedy": paired_comparison(base["per_episode_success"], rec["per_episode_success"])}
+    if base.get("per_episode_temp_success") and rec.get("per_episode_temp_success"):
+        out["temp"] = paired_comparison(base["per_episode_temp_success"], rec["per_episode_temp_success"])
+    return out
+
+
+def compare_arms(finals: dict[str, dict[int, dict]], baselines: tuple[str, ...] = BASELINES) -> dict:
+    """Every arm against each baseline arm: per seed, the mean over seeds, and pooled over seeds x games.
+
+    Args:
+        finals: ``{arm: {seed: record}}`` of each arm's final ``held_out_eval``.
+        baselines: Arms the others are compared with (those present are used).
+
+    Returns:
+        ``{arm: {"per_seed": {seed: {"greedy", "vs_<baseline>"...}}, "mean": {...}, "by_group": {...}}}``:
+        ``mean`` holds the mean over seeds of success, temperature success and each ``vs`` difference,
+        plus ``pooled_vs_<baseline>`` (one paired comparison over all seeds' games); ``by_group`` the
+        greedy success per report group, pooled over seeds.
+    """
+    out = {}
+    for arm, by_seed in finals.items():
+        per_seed = {}
+        for seed, rec in sorted(by_seed.items()):
+            row = _cell(rec)
+            for b in baselines:
+                if b != arm and (v := _vs(finals.get(b, {}).get(seed), rec)) is not None:
+                    row[f"vs_{b}"] = v
+            per_seed[seed] = row
+        out[arm] = {"per_seed": per_seed, "mean": _mean_row(arm, by_seed, per_seed, finals, baselines),
+                    "by_group": _by_group(by_seed.values())}
+    return out
+
+
+def _mean_row(arm: str, by_seed: dict, per_seed: dict, finals: dict, baselines: tuple[str, ...]) -> dict:
+    rows = list(per_seed.values())
+    temps = [r["temp_success"] for r in rows if r["temp_success"] is not None]
+    mean = {"success": float(np.mean([r["success"] for r in rows])), "seeds": len(rows),
+            "temp_success": float(np.mean(temps)) if temps else None,
+            "n": sum(r["n"] for r in rows)}
+    for b in baselines:
+        key = f"vs_{b}"
+        diffs = [r[key]["greedy"]["diff"] for r in rows if key in r]
+        if b == arm or not diffs:
+            continue
+        mean[key] = float(np.mean(diffs))
+        seeds = [s for s in by_seed if key in per_seed[s]]
+        pooled = _vs(_concat([finals[b][s] for s in seeds]), _concat([by_seed[s] for s in seeds]))
+        if pooled is not None:
+            mean[f"pooled_{key}"] = pooled
+    return mean
+
+
+def _concat(recs: list[dict]) -> dict:
+    """One record holding several seeds' games in a row (for pooled paired statistics)."""
+    cat = lambda key: [x for r in recs for x in r.get(key) or []]
+    return {"games": cat("games"), "per_episode_success": cat("per_episode_success"),
+            "per_episode_temp_success": cat("per_episode_temp_success")}
+
+
+def _by_group(recs) -> dict:
+    wins: dict[str, list[float]] = defaultdict(list)
+    for rec in recs:
+        for g, s in zip(rec["groups"], rec["per_episode_success"]):
+            wins[g].append(s)
+    out = {}
+    for g, v in sorted(wins.items()):
+        out[g] = {"success": sum(v) / len(v), "ci95": list(wilson_interval(int(sum(v)), len(v))), "n": len(v)}
+    return out
+
+
+# ----- the report ---------------------------------------------------------------------------------
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _diff(v: dict | None) -> str:
+    if v is None:
+        return "-"
+    lo, hi = v["ci"]
+    p = "" if v.get("p_mcnemar") is None else f", p={v['p_mcnemar']:.3g}"
+    return f"{v['diff']:+.1%} [{lo:+.1%}, {hi:+.1%}]{p}"
+
+
+def markdown_report(table: dict, *, title: str = "Learning protocol", note: str = "") -> str:
+    """``compare_arms``' table as Markdown: arm x seed (and mean over seeds) with the paired
+    differences against the baselines, then greedy success per report group.
+
+    Args:
+        table: ``compare_arms``' result.
+        title: The heading.
+        note: A line under the heading (e.g. the env, games, temperature).
+
+    Returns:
+        The Markdown text.
+    """
+    bases = [b for b in BASELINES if b in table]
+    head = ["arm", "seed", "greedy success [95% CI] (n)", "temp success"] + [f"vs {b}: diff [95% CI], McNemar p"
+                                                                          for b in bases]
+    lines = [f"# {title}", "", note, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, res in table.items():
+        for seed, r in res["per_seed"].items():
+            lo, hi = r["ci95"]
+            cells = [arm, str(seed), f"{r['success']:.1%} [{lo:.1%}, {hi:.1%}] ({r['n']})", _pct(r["temp_success"])]
+            cells += [_diff(r.get(f"vs_{b}", {}).get("greedy")) for b in bases]
+            lines.append("| " + " | ".join(cells) + " |")
+        m = res["mean"]
+        cells = [f"**{arm}**", f"mean of {m['seeds']}", f"{m['success']:.1%} ({m['n']} games)", _pct(m["temp_success"])]
+        for b in bases:
+            pooled = m.get(f"pooled_vs_{b}", {}).get("greedy")
+            cells.append("-" if pooled is None else f"{m[f'vs_{b}']:+.1%}; pooled {_diff(pooled)}")
+        lines.append("| " + " | ".join(cells) + " |")
+    groups = sorted({g for res in table.values() for g in res["by_group"]})
+    lines += ["", "## Greedy success per task group (pooled over seeds)", "",
+              "| group | " + " | ".join(table) + " |", "|" + "---|" * (len(table) + 1)]
+    for g in groups:
+        cells = [g] + [_group_cell(res["by_group"].get(g)) for res in table.values()]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _group_cell(c: dict | None) -> str:
+    return "-" if c is None else f"{c['success']:.1%} ({c['n']})"
+
+
+def plot_curves(curves: dict[str, dict[int, list[dict]]], path: str | Path, title: str = "") -> Path | None:
+    """Held-out greedy success of every arm against env steps and against training seconds: the
+    mean over seeds (thick) and each seed (thin). Arms without env steps (SFT-continued) appear only
+    against seconds; a single-point arm (SFT) is a dashed horizontal line.
+
+    Args:
+        curves: ``{arm: {seed: [{"env_steps", "train_seconds", "success"}, ...]}}``.
+        path: The PNG to write.
+        title: The figure title.
+
+    Returns:
+        The PNG path, or None when there is nothing to plot.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not any(pts for by_seed in curves.values() for pts in by_seed.values()):
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for i, (arm, by_seed) in enumerate(curves.items()):
+        color = f"C{i % 10}"
+        for ax, x_key in zip(axes, ("env_steps", "train_seconds")):
+            _plot_arm(ax, arm, by_seed, x_key, color)
+    for ax, label in zip(axes, ("env steps", "training wall-clock (s, evaluation excluded)")):
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("held-out success (greedy)")
+    axes[0].set_ylim(-0.02, 1.02)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def _plot_arm(ax: Any, arm: str, by_seed: dict[int, list[dict]], x_key: str, color: str) -> None:
+    series = [[(p[x_key], p["success"]) for p in pts if p.get(x_key) is not None] for pts in by_seed.values()]
+    series = [s for s in series if s]
+    if not series:
+        return
+    if all(len(s) == 1 for s in series):  # one point (the SFT stage): a reference line
+        ax.axhline(float(np.mean([s[0][1] for s in series])), color=color, ls="--", lw=1.5, label=arm)
+        return
+    for s in series:
+        ax.plot(*zip(*s), color=color, lw=0.7, alpha=0.4)
+    # the mean over seeds at each point index (seeds of one arm evaluate at matching points)
+    n = min(len(s) for s in series)
+    xs = [float(np.mean([s[k][0] for s in series])) for k in range(n)]
+    ys = [float(np.mean([s[k][1] for s in series])) for k in range(n)]
+    ax.plot(xs, ys, color=color, lw=2, marker="o", ms=3, label=arm)
+
