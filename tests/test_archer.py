@@ -18,7 +18,7 @@ from torch.testing import assert_close
 import turngym
 from turngym.trainers import archer
 from turngym.trainers import functional as Fn
-from turngym.trainers.archer import ArcherConfig, ArcherTrainer, ReplayBuffer, UtteranceCritic, make_target, td_loss, transitions
+from turngym.trainers.archer import ArcherConfig, ArcherTrainer, ReplayBuffer, UtteranceCritic, make_target, td_loss
 from turngym.types import Trajectory, Turn
 
 ENV = "tests/Guess-v0"
@@ -34,7 +34,7 @@ def test_transitions_chain_turns_of_one_episode_and_end_at_its_last_turn():
     batch = SimpleNamespace(turn_refs=[(0, 0), (0, 1), (0, 2), (1, 1)])
     rewards = [[0.0, 0.5, 1.0], [-0.1, 0.2]]
     s = t([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]])
-    r, done, nxt = transitions(batch, rewards, s)
+    r, done, nxt = Fn.turn_transitions(batch.turn_refs, rewards, s)
     assert_close(r, t([0.0, 0.5, 1.0, 0.2]))
     assert_close(done, t([0.0, 0.0, 1.0, 1.0]))
     assert_close(nxt, t([[2.0, 2.0], [3.0, 3.0], [0.0, 0.0], [0.0, 0.0]]))
@@ -42,7 +42,7 @@ def test_transitions_chain_turns_of_one_episode_and_end_at_its_last_turn():
 
 def test_transitions_do_not_bridge_a_gap_inside_an_episode():
     batch = SimpleNamespace(turn_refs=[(0, 0), (0, 2)])  # turn 1 carried no tokens
-    r, done, nxt = transitions(batch, [[1.0, 2.0, 3.0]], t([[1.0], [3.0]]))
+    r, done, nxt = Fn.turn_transitions(batch.turn_refs, [[1.0, 2.0, 3.0]], t([[1.0], [3.0]]))
     assert_close(r, t([1.0, 3.0]))
     assert_close(done, t([1.0, 1.0]))  # (0, 0)'s successor is not in the batch: treated as done
     assert_close(nxt, t([[0.0], [0.0]]))

@@ -32,8 +32,8 @@ encoder is frozen, features are computed once per turn, stored in the replay buf
 every TD update; only the heads train. That is what makes many critic updates per actor update
 affordable on a CPU.
 
-The file reads top to bottom: the config, the critic heads, the replay buffer, the transitions and
-the TD loss (pure functions, tested by hand), then the trainer's iteration. The token-level actor
+The file reads top to bottom: the config, the critic heads, the replay buffer, the TD loss (a pure
+function, tested by hand; the advantages and transitions are in ``functional``), then the trainer's iteration. The token-level actor
 step it ends with is shared with the critic-free family (``turngym.trainers.actor``).
 """
 
@@ -250,29 +250,7 @@ class ReplayBuffer:
         self.gen.set_state(d["gen"])
 
 
-# ----- transitions and the TD loss (pure: no backward, no optimizer) ----------------------------
-def transitions(batch: PackedBatch, rewards: list[list[float]], s_feat: torch.Tensor):
-    """The replay transitions of a packed batch: per flat turn ``(N,)`` reward, ``(N,)`` done and
-    ``(N, H)`` next-state features (the next turn's ``s_feat``; zeros when done).
-
-    Args:
-        batch: The packed episodes (``turn_refs`` lists each flat turn as (trajectory, turn)).
-        rewards: Per trajectory, per turn (after the reward transforms).
-        s_feat: ``(N, H)`` state features of each flat turn.
-    """
-    n = len(batch.turn_refs)
-    r = torch.tensor([rewards[ti][k] for ti, k in batch.turn_refs], dtype=torch.float32)
-    done = torch.ones(n)
-    next_feat = torch.zeros_like(s_feat)
-    for i in range(n - 1):
-        (ti, k), (tj, kj) = batch.turn_refs[i], batch.turn_refs[i + 1]
-        if ti == tj and kj == k + 1:
-            done[i] = 0.0
-            next_feat[i] = s_feat[i + 1]
-    # a turn whose successor carries no tokens stays "done": nothing to bootstrap from
-    return r, done, next_feat
-
-
+# ----- the TD loss (pure: no backward, no optimizer; the transitions are Fn.turn_transitions) -----
 def td_loss(critic: UtteranceCritic, target: UtteranceCritic, b: dict[str, torch.Tensor],
             gamma: float, v_action: str = "sa") -> tuple[torch.Tensor, dict[str, float]]:
     """ArCHer's critic loss on one replay minibatch ``b`` (``ReplayBuffer.sample``): no backward, no step.
@@ -396,7 +374,7 @@ class ArcherTrainer(OnlineTrainer):
         batch = pack_batch(trajs, self.policy.pad_id)
         ref_logprobs, hidden = reference_pass(self.ref, batch, cfg.critic_encoder == "reference", cfg.autocast)
         s_feat, sa_feat = self._features(batch, hidden, trajs)
-        r, done, next_feat = transitions(batch, rewards, s_feat)
+        r, done, next_feat = Fn.turn_transitions(batch.turn_refs, rewards, s_feat)
         fresh_sa = self._fresh_action_features(trajs, batch) if cfg.v_target == "fresh_action" else None
         # 3. advantages from the critic as it stands, before it has seen this batch (out of sample)
         feats = (s_feat, sa_feat, r, done, next_feat)

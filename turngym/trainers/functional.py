@@ -16,6 +16,28 @@ import torch.nn.functional as F
 # ----- critic (ArCHer high level) ------------------------------------------------------------
 
 
+def turn_transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s_feat: torch.Tensor):
+    """The replay transitions of a batch's flat turns: ``(N,)`` reward, ``(N,)`` done and ``(N, H)``
+    next-state features (the next flat turn's ``s_feat`` when it is the same episode's next turn; else
+    zeros and done, since a turn whose successor carries no tokens has nothing to bootstrap from).
+
+    Args:
+        turn_refs: ``(trajectory, turn)`` of each flat turn, in order (``PackedBatch.turn_refs``).
+        rewards: Per trajectory, per turn (after the reward transforms).
+        s_feat: ``(N, H)`` state features of each flat turn.
+    """
+    n = len(turn_refs)
+    r = torch.tensor([rewards[ti][k] for ti, k in turn_refs], dtype=torch.float32)
+    done = torch.ones(n)
+    next_feat = torch.zeros_like(s_feat)
+    for i in range(n - 1):
+        (ti, k), (tj, kj) = turn_refs[i], turn_refs[i + 1]
+        if ti == tj and kj == k + 1:
+            done[i] = 0.0
+            next_feat[i] = s_feat[i + 1]
+    return r, done, next_feat
+
+
 def td_target(reward: torch.Tensor, next_value: torch.Tensor, done: torch.Tensor, gamma: float) -> torch.Tensor:
     """One-step TD target ``y = r + gamma * (1 - done) * V_target(s')``.
 
