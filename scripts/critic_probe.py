@@ -1,13 +1,13 @@
 """Does ArCHer's critic tell good actions from bad ones? An offline probe.
 
-Plays episodes with a policy on an env that has an oracle (``scripted_hints=True`` puts the
-oracle's next action in ``info`` without changing what the policy sees), computes the critic's
+Plays episodes with a policy on an env that has an oracle (``expert_labels=True`` marks each step
+whose tool calls are the oracle's move from that state, ``info["expert_match"]``, without changing
+what the policy sees; the trainer logs the same AUC as ``critic/auc_expert``), computes the critic's
 features exactly as ``ArcherTrainer`` does (the frozen reference's hidden states), trains the
 critic the same way (TD from a replay buffer, fed in chunks like iterations) on the first two
 thirds of the episodes, and scores advantage estimates on the last third by AUC:
 
-- ``oracle``: does A rank the oracle's action above the others (turns after the first, where
-  the oracle's action for the state is known from the previous turn's info)?
+- ``oracle``: does A rank the oracle's action above the others?
 - ``valid``: does A rank valid actions above invalid ones?
 
 0.5 is chance. Measured on the quickstart's SFT policy (README, "What the quickstart gives"):
@@ -28,18 +28,9 @@ from turngym.agents.base import SamplingParams
 from turngym.rollout import make_env_factory, rollout
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import reference_pass
-from turngym.trainers.archer import ReplayBuffer, UtteranceCritic, make_target, soft_update, td_loss, transitions
+from turngym.trainers.archer import ReplayBuffer, UtteranceCritic, make_target, soft_update, td_loss
 from turngym.trainers.sequences import pack_batch
 from turngym.trainers.trainer import split_task_ids, task_schedule
-
-
-def auc(scores: list[float], labels: list[float]) -> float:
-    """P(score of a positive > score of a negative), ties counting half; NaN without both classes."""
-    pos = [s for s, y in zip(scores, labels) if y == 1.0]
-    neg = [s for s, y in zip(scores, labels) if y == 0.0]
-    if not pos or not neg:
-        return float("nan")
-    return sum((p > q) + 0.5 * (p == q) for p in pos for q in neg) / (len(pos) * len(neg))
 
 
 def add_policy_args(ap: argparse.ArgumentParser, split: str) -> None:
@@ -61,8 +52,9 @@ def load_policy(args):
 
 
 def oracle_env_kwargs(args) -> dict:
-    """The env's kwargs with the oracle's next action in ``info`` (the policy's view is unchanged)."""
-    return {**args.env_kwargs, **({"split": args.split} if args.split else {}), "scripted_hints": True}
+    """The env's kwargs with the oracle's next action and the expert-match label in ``info``
+    (the policy's view is unchanged)."""
+    return {**args.env_kwargs, **({"split": args.split} if args.split else {}), "scripted_hints": True, "expert_labels": True}
 
 
 def play(policy, args) -> list:
@@ -85,7 +77,7 @@ def features(policy, trajs, chunk: int):
         _, h = reference_pass(policy.model, batch, True, "auto")
         s, sa = h[batch.state_pos[:, 0], batch.state_pos[:, 1]], h[batch.action_pos[:, 0], batch.action_pos[:, 1]]
         rewards = [[turn.reward for turn in t.turns] for t in trajs[i : i + chunk]]
-        r, done, nxt = transitions(batch, rewards, s)
+        r, done, nxt = Fn.turn_transitions(batch.turn_refs, rewards, s)
         parts.append((s, sa, r, done, nxt, [(ti + i, k) for ti, k in batch.turn_refs]))
     return [torch.cat([p[j] for p in parts]) for j in range(5)] + [[ref for p in parts for ref in p[5]]]
 
@@ -134,16 +126,13 @@ def main() -> None:
             "r + gamma V(s') - V(s) (advantage=td)": Fn.td_advantage(r, v, critic.value(nxt), done, args.gamma),
         }
     turns = [trajs[ti].turns[k] for ti, k in refs]
-    oracle = [None if k == 0 else float(t.action_text.strip() == (trajs[ti].turns[k - 1].info.get("oracle_action") or "").strip())
-              for (ti, k), t in zip(refs, turns)]
-    valid = [float(bool(t.info.get("action_valid"))) for t in turns]
-    test = range(split, len(refs))
-    print(f"{len(refs)} turns ({split} to train the critic), {sum(1 for i in test if oracle[i] is not None)} labelled test turns")
+    match = [t.info.get("expert_match") for t in turns]
+    oracle = torch.tensor([float("nan") if m is None else float(m) for m in match])
+    valid = torch.tensor([float(bool(t.info.get("action_valid"))) for t in turns])
+    print(f"{len(refs)} turns ({split} to train the critic), {int((~oracle[split:].isnan()).sum())} labelled test turns")
     print(f"{'advantage estimate':42s} {'AUC oracle':>10s} {'AUC valid':>10s}")
     for name, a in estimates.items():
-        a = a.tolist()
-        print(f"{name:42s} {auc([a[i] for i in test], [oracle[i] for i in test]):10.3f} "
-              f"{auc([a[i] for i in test], [valid[i] for i in test]):10.3f}")
+        print(f"{name:42s} {Fn.auc(a[split:], oracle[split:]):10.3f} {Fn.auc(a[split:], valid[split:]):10.3f}")
 
 
 if __name__ == "__main__":

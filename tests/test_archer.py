@@ -1,14 +1,27 @@
 """ArCHer's wiring, checked on numbers worked by hand: the replay transitions a packed batch gives
-(reward, done, next state), the replay buffer, and the TD loss the trainer and the probe script run."""
+(reward, done, next state), the replay buffer, and the TD loss the trainer and the probe script run;
+then, on the tiny model, when the advantages are computed, the fresh-action V target and the
+oracle-move AUC."""
 
 from __future__ import annotations
 
+import copy
+import math
+import time
 from types import SimpleNamespace
 
+import pytest
 import torch
+from fixtures_model import build_tiny_model
 from torch.testing import assert_close
 
-from turngym.trainers.archer import ReplayBuffer, UtteranceCritic, make_target, td_loss, transitions
+import turngym
+from turngym.trainers import archer
+from turngym.trainers import functional as Fn
+from turngym.trainers.archer import ArcherConfig, ArcherTrainer, ReplayBuffer, UtteranceCritic, make_target, td_loss
+from turngym.types import Trajectory, Turn
+
+ENV = "tests/Guess-v0"
 
 
 def t(x):
@@ -21,7 +34,7 @@ def test_transitions_chain_turns_of_one_episode_and_end_at_its_last_turn():
     batch = SimpleNamespace(turn_refs=[(0, 0), (0, 1), (0, 2), (1, 1)])
     rewards = [[0.0, 0.5, 1.0], [-0.1, 0.2]]
     s = t([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]])
-    r, done, nxt = transitions(batch, rewards, s)
+    r, done, nxt = Fn.turn_transitions(batch.turn_refs, rewards, s)
     assert_close(r, t([0.0, 0.5, 1.0, 0.2]))
     assert_close(done, t([0.0, 0.0, 1.0, 1.0]))
     assert_close(nxt, t([[2.0, 2.0], [3.0, 3.0], [0.0, 0.0], [0.0, 0.0]]))
@@ -29,7 +42,7 @@ def test_transitions_chain_turns_of_one_episode_and_end_at_its_last_turn():
 
 def test_transitions_do_not_bridge_a_gap_inside_an_episode():
     batch = SimpleNamespace(turn_refs=[(0, 0), (0, 2)])  # turn 1 carried no tokens
-    r, done, nxt = transitions(batch, [[1.0, 2.0, 3.0]], t([[1.0], [3.0]]))
+    r, done, nxt = Fn.turn_transitions(batch.turn_refs, [[1.0, 2.0, 3.0]], t([[1.0], [3.0]]))
     assert_close(r, t([1.0, 3.0]))
     assert_close(done, t([1.0, 1.0]))  # (0, 0)'s successor is not in the batch: treated as done
     assert_close(nxt, t([[0.0], [0.0]]))
@@ -87,3 +100,153 @@ def test_td_loss_by_hand():
     assert stats["critic/target_mean"] == 1.0 and stats["critic/td_error"] == 1.0
     loss.backward()
     assert critic.q1.net[-1].bias.grad is not None and target.q1.net[-1].bias.grad is None
+
+
+def test_td_loss_fits_v_to_the_action_it_is_told():
+    torch.manual_seed(0)
+    critic, target = UtteranceCritic(feat_dim=2, hidden_dim=4), make_target(UtteranceCritic(feat_dim=2, hidden_dim=4))
+    b = {k: torch.randn(3, 2) for k in ("s", "sa", "next_s", "fresh_sa")} | {"reward": t([1.0, 0.0, 0.5]), "done": t([0.0, 1.0, 0.0])}
+    _, fresh = td_loss(critic, target, b, gamma=0.9, v_action="fresh_sa")
+    _, recorded = td_loss(critic, target, b, gamma=0.9)
+    _, swapped = td_loss(critic, target, {**b, "sa": b["fresh_sa"]}, gamma=0.9)  # V's target: Q_target(s, a')
+    assert fresh["critic/v_loss"] == pytest.approx(swapped["critic/v_loss"])
+    assert fresh["critic/v_loss"] != pytest.approx(recorded["critic/v_loss"])
+    assert fresh["critic/q_loss"] == pytest.approx(recorded["critic/q_loss"])  # Q still fits the recorded action
+
+
+def test_replay_buffer_keeps_fresh_action_features_with_their_transition():
+    buf = ReplayBuffer(capacity=4, feat_dim=1, seed=0, fresh_action=True)
+    v = t([1.0, 2.0])
+    buf.add(v[:, None], v[:, None], v, torch.zeros(2), v[:, None], fresh_sa=v[:, None] * -1)
+    b = buf.sample(8)
+    assert_close(b["fresh_sa"][:, 0], -b["reward"])
+    again = ReplayBuffer(capacity=4, feat_dim=1, fresh_action=True)
+    again.load_state_dict(buf.state_dict())
+    assert_close(again.fresh_sa, buf.fresh_sa)
+    with pytest.raises(ValueError, match="fresh_sa"):
+        buf.add(v[:, None], v[:, None], v, torch.zeros(2), v[:, None])
+
+
+# ----- on the tiny model and the toy env ----------------------------------------------------------
+@pytest.fixture
+def policy(tiny_tokenizer):
+    from turngym.agents.hf import HFPolicy
+
+    return HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
+
+
+def _cfg(**kw):
+    base = dict(iterations=1, episodes_per_iter=4, num_envs=4, max_new_tokens=12, critic_updates=4,
+                critic_warmup=0, kl_coef=0.01, minibatch_size=2, checkpoint_every=1)
+    return ArcherConfig(**{**base, **kw})
+
+
+def _step_spying(trainer, monkeypatch):
+    """Run one step; return the critic before it, the features the advantages were computed on,
+    and the per-token advantages the actor received."""
+    seen, advantages, update = {}, trainer._advantages, archer.actor_update
+
+    def spy_advantages(*feats):
+        seen["feats"] = feats
+        return advantages(*feats)
+
+    def spy_update(model, opt, batch, token_adv, *rest):
+        seen.update(batch=batch, adv=token_adv)
+        return update(model, opt, batch, token_adv, *rest)
+
+    monkeypatch.setattr(trainer, "_advantages", spy_advantages)
+    monkeypatch.setattr(archer, "actor_update", spy_update)
+    before = copy.deepcopy(trainer.critic)
+    trainer.step()
+    return before, seen
+
+
+def _token_advantages(critic, feats, batch):
+    s, sa, *_ = feats
+    with torch.no_grad():
+        adv = Fn.utterance_advantage(Fn.double_q_min(*critic.q_values(s, sa)), critic.value(s))
+    return Fn.broadcast_to_tokens(Fn.center(adv), batch.token_turn)
+
+
+@pytest.mark.parametrize("timing", ["before", "after"])
+def test_advantages_come_from_the_critic_before_or_after_its_updates_on_the_batch(policy, tmp_path, monkeypatch, timing):
+    trainer = ArcherTrainer(policy, ENV, _cfg(advantage_timing=timing), out_dir=tmp_path)
+    trainer.setup()
+    before, seen = _step_spying(trainer, monkeypatch)
+    pre = _token_advantages(before, seen["feats"], seen["batch"])
+    post = _token_advantages(trainer.critic, seen["feats"], seen["batch"])
+    assert not torch.allclose(pre, post)  # the TD updates moved the critic
+    assert_close(seen["adv"], pre if timing == "before" else post)
+
+
+def test_center_advantages_off_keeps_the_raw_mean(policy, tmp_path, monkeypatch):
+    trainer = ArcherTrainer(policy, ENV, _cfg(center_advantages=False), out_dir=tmp_path)
+    trainer.setup()
+    before, seen = _step_spying(trainer, monkeypatch)
+    s, sa, *_ = seen["feats"]
+    with torch.no_grad():
+        raw = Fn.utterance_advantage(Fn.double_q_min(*before.q_values(s, sa)), before.value(s))
+    assert_close(seen["adv"], Fn.broadcast_to_tokens(raw, seen["batch"].token_turn))
+
+
+def test_gae_advantage_trains_the_actor(policy, tmp_path):
+    trainer = ArcherTrainer(policy, ENV, _cfg(advantage="gae", gae_lambda=0.5, actor_lr=1e-2), out_dir=tmp_path)
+    trainer.setup()
+    row = trainer.step()
+    assert row["actor/active"] == 1.0 and math.isfinite(row["actor/pg_loss"])
+    with pytest.raises(ValueError, match="gae_lambda"):
+        _cfg(advantage="gae", gae_lambda=1.5)
+
+
+def test_env_labels_steps_with_the_oracle_move_of_the_state_they_left():
+    env = turngym.make(ENV, expert_labels=True)
+    env.reset(seed=0, options={"task_id": "3"})
+    fmt = env.unwrapped.format
+    *_, info = env.step(fmt.render_call(turngym.ToolCall("x", "guess", {"number": 2})))
+    assert info["expert_match"] is False and '"number": 3' in info["expert_action"]
+    *_, info = env.step("I think it is " + fmt.render_call(turngym.ToolCall("y", "guess", {"number": 3})))
+    assert info["expert_match"] is True  # other text and call ids aside, the same call
+    plain = turngym.make(ENV)
+    plain.reset(seed=0, options={"task_id": "3"})
+    assert "expert_match" not in plain.step("hello")[-1]
+
+
+def test_expert_auc_ranks_oracle_moves_and_skips_unlabelled_turns():
+    trajs = [Trajectory("1", turns=[Turn("a", info={"expert_match": True}), Turn("b", info={"expert_match": False}),
+                                    Turn("c", info={"expert_match": None})])]
+    batch = SimpleNamespace(turn_refs=[(0, 0), (0, 1), (0, 2)])
+    got = ArcherTrainer._expert_auc(None, trajs, batch, t([0.5, 0.1, 9.0]))
+    assert got == {"critic/auc_expert": 1.0, "critic/expert_rate": 0.5}
+    assert ArcherTrainer._expert_auc(None, [Trajectory("1", turns=[Turn("a")])], SimpleNamespace(turn_refs=[(0, 0)]), t([0.0])) == {}
+
+
+def test_auc_expert_is_logged_every_iteration(policy, tmp_path):
+    trainer = ArcherTrainer(policy, ENV, _cfg(), out_dir=tmp_path)
+    trainer.setup()
+    row = trainer.step()
+    assert 0.0 <= row["critic/expert_rate"] <= 1.0
+    auc = row["critic/auc_expert"]
+    assert math.isnan(auc) or 0.0 <= auc <= 1.0  # NaN when no turn (or every turn) played the oracle's move
+
+
+def test_fresh_action_v_target_stores_a_prime_and_resumes_exactly(policy, tiny_tokenizer, tmp_path):
+    from turngym.agents.hf import HFPolicy
+
+    def make(out, iterations):
+        pol = HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
+        return ArcherTrainer(pol, ENV, _cfg(v_target="fresh_action", iterations=iterations), out_dir=tmp_path / out)
+
+    full = make("full", 2)
+    t0 = time.perf_counter()
+    rows = full.train(progress=False)
+    n = len(full.buffer)
+    assert n > 0 and full.buffer.fresh_sa[:n].abs().sum() > 0
+    assert not torch.equal(full.buffer.fresh_sa[:n], full.buffer.sa[:n])  # a' is not the recorded action
+    print(f"fresh_action: 2 iterations in {time.perf_counter() - t0:.2f}s")
+    make("killed", 1).train(progress=False)
+    resumed = make("killed", 2)
+    resumed.setup()
+    resumed.load(tmp_path / "killed" / "checkpoint")
+    nxt = resumed.step()
+    for key in ("rollout/return", "critic/q_loss", "critic/v_loss", "actor/pg_loss", "adv/mean"):
+        assert nxt[key] == pytest.approx(rows[1][key], rel=1e-5, abs=1e-6), key

@@ -117,3 +117,40 @@ def test_warmup_lr_ramps_linearly_then_holds():
     assert [Fn.warmup_lr(1e-4, k, 4) for k in range(6)] == [
         1e-4 * 0.25, 1e-4 * 0.5, 1e-4 * 0.75, 1e-4, 1e-4, 1e-4]
     assert Fn.warmup_lr(1e-4, 0, 0) == 1e-4  # no warm-up
+
+
+# two episodes laid end to end: turns 0-2, then 3-4 (gamma = 0.5)
+GAE_R, GAE_V = t([0.0, 0.0, 1.0, 0.0, 0.5]), t([0.5, 0.2, 0.4, 0.1, 0.3])
+GAE_NEXT, GAE_DONE = t([0.2, 0.4, 0.0, 0.3, 0.0]), t([0.0, 0.0, 1.0, 0.0, 1.0])
+
+
+def test_gae_advantages_by_hand():
+    # deltas: 0 + .5*.2 - .5 = -.4 ; .5*.4 - .2 = 0 ; 1 - .4 = .6 ; .5*.3 - .1 = .05 ; .5 - .3 = .2
+    # gamma * lam = .25, reset at each done: A4 = .2 ; A3 = .05 + .25*.2 = .1 ; A2 = .6 ;
+    # A1 = 0 + .25*.6 = .15 ; A0 = -.4 + .25*.15 = -.3625
+    got = Fn.gae_advantages(GAE_R, GAE_V, GAE_NEXT, GAE_DONE, gamma=0.5, lam=0.5)
+    assert_close(got, t([-0.3625, 0.15, 0.6, 0.1, 0.2]))
+
+
+def test_gae_lambda_0_is_the_td_advantage_and_lambda_1_the_return_minus_v():
+    assert_close(Fn.gae_advantages(GAE_R, GAE_V, GAE_NEXT, GAE_DONE, 0.5, 0.0),
+                 Fn.td_advantage(GAE_R, GAE_V, GAE_NEXT, GAE_DONE, 0.5))
+    # returns: episode 0 [.25, .5, 1], episode 1 [.25, .5]; minus V
+    mc = torch.cat([Fn.discounted_returns(GAE_R[:3], 0.5), Fn.discounted_returns(GAE_R[3:], 0.5)])
+    assert_close(mc, t([0.25, 0.5, 1.0, 0.25, 0.5]))
+    assert_close(Fn.gae_advantages(GAE_R, GAE_V, GAE_NEXT, GAE_DONE, 0.5, 1.0), mc - GAE_V)
+    assert_close(mc - GAE_V, t([-0.25, 0.3, 0.6, 0.15, 0.2]))
+
+
+def test_center_subtracts_the_batch_mean_only():
+    assert_close(Fn.center(t([1.0, 2.0, 6.0])), t([-2.0, -1.0, 3.0]))  # mean 3, std untouched
+    assert_close(Fn.center(t([0.7])), t([0.7]))
+
+
+def test_auc_by_hand_with_ties_and_unknown_labels():
+    scores = t([0.9, 0.5, 0.5, 0.1, 0.3])
+    labels = t([1.0, 1.0, 0.0, 0.0, float("nan")])  # the last turn has no label and is left out
+    # pairs (pos, neg): (.9,.5) 1 ; (.9,.1) 1 ; (.5,.5) tie 1/2 ; (.5,.1) 1 -> 3.5 / 4
+    assert Fn.auc(scores, labels) == 0.875
+    assert Fn.auc(t([0.1, 0.2]), t([0.0, 1.0])) == 1.0 and Fn.auc(t([0.2, 0.1]), t([0.0, 1.0])) == 0.0
+    assert math.isnan(Fn.auc(scores, t([1.0] * 5))) and math.isnan(Fn.auc(scores, t([0.0] * 5)))

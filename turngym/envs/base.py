@@ -21,7 +21,7 @@ import gymnasium as gym
 from turngym.envs.spaces import MessageSpace, UtteranceSpace
 from turngym.tools.base import Tool, ToolRegistry
 from turngym.tools.formats import ParsedAction, ToolFormat, get_format, run_tools
-from turngym.types import Message, ToolResult
+from turngym.types import Message, ToolCall, ToolResult
 
 _clock = time.perf_counter  # module-level so tests can freeze it (info["elapsed_s"] is wall time)
 
@@ -69,6 +69,10 @@ class TextEnv(gym.Env):
         tool_format: ``hermes`` | ``openai`` | ``xml`` | ``text`` (see ``turngym.tools.formats``).
         scripted_hints: also put ``oracle_action`` / ``admissible_actions`` in ``info``; scripted
             agents ask for this, LLM agents never see it.
+        expert_labels: label every step's ``info`` with ``expert_action`` (the oracle's move from
+            the state the action was taken in) and ``expert_match`` (the action's tool calls equal
+            the oracle's; ``None`` when there is no oracle move). For critic diagnostics; one
+            ``oracle_action()`` per step.
         invalid_action_penalty: added to the reward of a step whose action was invalid.
 
     Reset is deterministic given ``seed`` and ``options["task_id"]``. Turn limits come from the
@@ -84,11 +88,13 @@ class TextEnv(gym.Env):
         *,
         tool_format: str | None = None,
         scripted_hints: bool = False,
+        expert_labels: bool = False,
         invalid_action_penalty: float = 0.0,
         render_mode: str | None = None,
     ) -> None:
         self.format: ToolFormat = get_format(tool_format or self.default_tool_format)
         self.scripted_hints = scripted_hints
+        self.expert_labels = expert_labels
         self.invalid_action_penalty = invalid_action_penalty
         self.render_mode = render_mode
         self.observation_space = MessageSpace()
@@ -190,6 +196,7 @@ class TextEnv(gym.Env):
         if self._task_id is None:
             raise RuntimeError("call reset() before step()")
         t0 = _clock()
+        expert = self.oracle_action() if self.expert_labels else None  # from the state before the action
         self._turn += 1
         parsed, results = run_tools(action, self.tools, self.format, id_prefix=f"t{self._turn}")
         out = self._step_outcome(parsed, results)
@@ -210,6 +217,8 @@ class TextEnv(gym.Env):
         }
         if out.truncated_reason is not None:
             info["truncated_reason"] = out.truncated_reason
+        if self.expert_labels:
+            info["expert_action"], info["expert_match"] = expert, self._matches(parsed.calls, expert)
         self._add_hints(info)
         info["elapsed_s"] = _clock() - t0
         return obs, reward, bool(out.terminated), out.truncated_reason is not None, info
@@ -219,7 +228,19 @@ class TextEnv(gym.Env):
             return None
         return "\n".join(f"[{m.role}] {m.content}" for m in self._transcript)
 
+    def _matches(self, calls: list[ToolCall], expert: str | None) -> bool | None:
+        """Whether ``calls`` are the oracle utterance's calls (same names, same arguments; call ids and
+        surrounding text aside, string arguments compared with whitespace collapsed)."""
+        if expert is None:
+            return None
+        want = self.format.parse(expert, self.tools).calls
+        return bool(want) and _call_keys(calls) == _call_keys(want)
+
     def _add_hints(self, info: dict) -> None:
         if self.scripted_hints:
             info["oracle_action"] = self.oracle_action()
             info["admissible_actions"] = self.admissible_actions()
+
+
+def _call_keys(calls: list[ToolCall]) -> list[tuple]:
+    return [(c.name, {k: " ".join(v.split()) if isinstance(v, str) else v for k, v in c.arguments.items()}) for c in calls]

@@ -4,16 +4,22 @@ High level: Q1, Q2 (s, a) and V(s) over utterances, trained off-policy by TD fro
 of turns, with clipped double-Q and Polyak-averaged target heads:
 
     y_Q = r + gamma * (1 - done) * V_target(s')          (Q loss on both heads)
-    y_V = min(Q1_target, Q2_target)(s, a)                (V loss)
+    y_V = min(Q1_target, Q2_target)(s, a_V)              (V loss)
+
+where a_V is the recorded action, or (``v_target="fresh_action"``, the paper's) a fresh a' ~ pi(s)
+sampled when the batch is scored: fitted to the recorded action, V copies Q and Q - V is ~0.
 
 Low level: the token-level actor maximises the utterance advantage A = min(Q1, Q2)(s, a) - V(s)
-(or, with ``advantage="td"``, the one-step TD advantage r + gamma * V(s') - V(s) from the same critic),
-given to every token of the utterance (optionally minus a token-level baseline b(s, a_<t)),
-through PPO's clipped surrogate on the recorded sampling log-probs, with KL / entropy guards.
+(or, with ``advantage="td"``, the one-step TD advantage r + gamma * V(s') - V(s) from the same critic;
+``"gae"``, its lambda-return), centred over the batch, given to every token of the utterance
+(optionally minus a token-level baseline b(s, a_<t)), through PPO's clipped surrogate on the
+recorded sampling log-probs, with KL / entropy guards.
 
 One iteration: collect episodes with the current policy -> per-turn rewards -> one reference
-forward per episode (KL anchor + critic features) -> replay buffer -> N critic updates -> M actor
-passes (after ``critic_warmup`` critic updates) -> log and checkpoint.
+forward per episode (KL anchor + critic features) -> advantages from the critic before it sees
+the batch (out of sample; ``advantage_timing``), and their AUC at telling the env's oracle moves
+from the others -> replay buffer -> N critic updates -> M actor passes (after ``critic_warmup``
+critic updates) -> log and checkpoint.
 
 An episode that ends by the turn limit is treated as terminal: the limit is part of the task
 (a timed-out game is a lost game), so there is no value to bootstrap beyond it.
@@ -26,8 +32,8 @@ encoder is frozen, features are computed once per turn, stored in the replay buf
 every TD update; only the heads train. That is what makes many critic updates per actor update
 affordable on a CPU.
 
-The file reads top to bottom: the config, the critic heads, the replay buffer, the transitions and
-the TD loss (pure functions, tested by hand), then the trainer's iteration. The token-level actor
+The file reads top to bottom: the config, the critic heads, the replay buffer, the TD loss (a pure
+function, tested by hand; the advantages and transitions are in ``functional``), then the trainer's iteration. The token-level actor
 step it ends with is shared with the critic-free family (``turngym.trainers.actor``).
 """
 
@@ -38,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import torch
 from torch import nn
 
@@ -48,7 +55,7 @@ from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.sequences import PackedBatch, pack_batch
 from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, task_schedule
-from turngym.types import Trajectory
+from turngym.types import Trajectory, Turn
 
 
 @dataclass
@@ -70,7 +77,16 @@ class ArcherConfig(OnlineConfig):
     critic_encoder: str = knob("reference", "reference (frozen policy backbone) or a path to another LM")
     group_size: int = knob(1, "episodes per task per iteration, from one reset seed: repeats show the critic "
                                  "different actions from the same state, the contrast Q(s, a) - V(s) is made of")
-    advantage: str = knob("q_minus_v", "q_minus_v: A = min(Q1, Q2)(s, a) - V(s) (the paper); td: A = r + gamma V(s') - V(s)")
+    advantage: str = knob("q_minus_v", "q_minus_v: A = min(Q1, Q2)(s, a) - V(s) (the paper); td: A = r + gamma V(s') - V(s); "
+                                       "gae: lambda-returns of V over each episode's turns (gae_lambda)")
+    gae_lambda: float = knob(0.9, "lambda of advantage=gae: 0 = td, 1 = discounted return - V(s)")
+    advantage_timing: str = knob("before", "before: score the batch with the critic before its TD updates on it "
+                                           "(out of sample); after: once the critic has been fitted to it")
+    center_advantages: bool = knob(True, "subtract the batch mean of the utterance advantages (no std scaling)")
+    v_target: str = knob("buffer_action", "V's target: buffer_action = min Q_target(s, a) of the recorded action; "
+                                          "fresh_action = of a' ~ pi(s) sampled when the batch is scored (the paper)")
+    expert_labels: bool = knob(True, "ask the env to label steps that match its oracle's move (env kwarg "
+                                     "expert_labels) and log critic/auc_expert; envs without an oracle log nothing")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,8 +96,14 @@ class ArcherConfig(OnlineConfig):
             raise ValueError(f"tau must be in (0, 1], got {self.tau}")
         if self.categorical and self.v_min >= self.v_max:
             raise ValueError("v_min must be < v_max")
-        if self.advantage not in ("q_minus_v", "td"):
-            raise ValueError(f"advantage must be q_minus_v or td, got {self.advantage!r}")
+        if self.advantage not in ("q_minus_v", "td", "gae"):
+            raise ValueError(f"advantage must be q_minus_v, td or gae, got {self.advantage!r}")
+        if not 0 <= self.gae_lambda <= 1:
+            raise ValueError(f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
+        if self.advantage_timing not in ("before", "after"):
+            raise ValueError(f"advantage_timing must be before or after, got {self.advantage_timing!r}")
+        if self.v_target not in ("buffer_action", "fresh_action"):
+            raise ValueError(f"v_target must be buffer_action or fresh_action, got {self.v_target!r}")
 
 
 # ----- the critic: double Q heads and a V head over frozen features ---------------------------
@@ -169,21 +191,23 @@ def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
 
 # ----- the replay buffer of turns ---------------------------------------------------------------
 class ReplayBuffer:
-    """A ring buffer of turn transitions ``(phi(s), phi(s, a), r, done, phi(s'))``.
+    """A ring buffer of turn transitions ``(phi(s), phi(s, a), r, done, phi(s'))``, plus
+    ``phi(s, a')`` of a fresh policy action a' ~ pi(s) when ``fresh_action``.
 
     Args:
         capacity: Oldest transitions are overwritten past this.
         feat_dim: Feature size.
         seed: Seeds minibatch sampling (its state is checkpointed).
+        fresh_action: Also store ``fresh_sa`` (the V target's action features).
     """
 
-    FIELDS = ("s", "sa", "reward", "done", "next_s")
-
-    def __init__(self, capacity: int, feat_dim: int, seed: int = 0) -> None:
+    def __init__(self, capacity: int, feat_dim: int, seed: int = 0, fresh_action: bool = False) -> None:
         self.capacity = capacity
+        self.FIELDS = ("s", "sa", "reward", "done", "next_s") + (("fresh_sa",) if fresh_action else ())
         self.s = torch.zeros(capacity, feat_dim)
         self.sa = torch.zeros(capacity, feat_dim)
         self.next_s = torch.zeros(capacity, feat_dim)
+        self.fresh_sa = torch.zeros(capacity, feat_dim) if fresh_action else None
         self.reward = torch.zeros(capacity)
         self.done = torch.zeros(capacity)
         self.size = 0
@@ -193,11 +217,16 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
-    def add(self, s: torch.Tensor, sa: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, next_s: torch.Tensor) -> None:
+    def add(self, s: torch.Tensor, sa: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, next_s: torch.Tensor,
+            fresh_sa: torch.Tensor | None = None) -> None:
         """Append ``n`` transitions (each argument has leading size ``n``)."""
+        if (fresh_sa is None) != (self.fresh_sa is None):
+            raise ValueError("fresh_sa must be given exactly when the buffer stores fresh actions")
         for i in range(s.shape[0]):
             j = self.ptr
             self.s[j], self.sa[j], self.reward[j], self.done[j], self.next_s[j] = s[i], sa[i], reward[i], done[i], next_s[i]
+            if fresh_sa is not None:
+                self.fresh_sa[j] = fresh_sa[i]
             self.ptr = (self.ptr + 1) % self.capacity
             self.size = min(self.size + 1, self.capacity)
 
@@ -221,42 +250,23 @@ class ReplayBuffer:
         self.gen.set_state(d["gen"])
 
 
-# ----- transitions and the TD loss (pure: no backward, no optimizer) ----------------------------
-def transitions(batch: PackedBatch, rewards: list[list[float]], s_feat: torch.Tensor):
-    """The replay transitions of a packed batch: per flat turn ``(N,)`` reward, ``(N,)`` done and
-    ``(N, H)`` next-state features (the next turn's ``s_feat``; zeros when done).
-
-    Args:
-        batch: The packed episodes (``turn_refs`` lists each flat turn as (trajectory, turn)).
-        rewards: Per trajectory, per turn (after the reward transforms).
-        s_feat: ``(N, H)`` state features of each flat turn.
-    """
-    n = len(batch.turn_refs)
-    r = torch.tensor([rewards[ti][k] for ti, k in batch.turn_refs], dtype=torch.float32)
-    done = torch.ones(n)
-    next_feat = torch.zeros_like(s_feat)
-    for i in range(n - 1):
-        (ti, k), (tj, kj) = batch.turn_refs[i], batch.turn_refs[i + 1]
-        if ti == tj and kj == k + 1:
-            done[i] = 0.0
-            next_feat[i] = s_feat[i + 1]
-    # a turn whose successor carries no tokens stays "done": nothing to bootstrap from
-    return r, done, next_feat
-
-
+# ----- the TD loss (pure: no backward, no optimizer; the transitions are Fn.turn_transitions) -----
 def td_loss(critic: UtteranceCritic, target: UtteranceCritic, b: dict[str, torch.Tensor],
-            gamma: float) -> tuple[torch.Tensor, dict[str, float]]:
+            gamma: float, v_action: str = "sa") -> tuple[torch.Tensor, dict[str, float]]:
     """ArCHer's critic loss on one replay minibatch ``b`` (``ReplayBuffer.sample``): no backward, no step.
 
         y_Q = r + gamma * (1 - done) * V_target(s')        loss on Q1 and Q2
-        y_V = min(Q1_target, Q2_target)(s, a)              loss on V
+        y_V = min(Q1_target, Q2_target)(s, a_V)            loss on V
+
+    ``a_V`` is the recorded action (``v_action="sa"``) or a fresh a' ~ pi(s) (``"fresh_sa"``): with
+    the recorded one, V fits Q of the same action and Q - V is near 0 by construction.
 
     Returns:
         The summed loss (differentiable in ``critic``) and its metrics.
     """
     with torch.no_grad():
         y = Fn.td_target(b["reward"], target.value(b["next_s"]), b["done"], gamma)
-        y_v = Fn.double_q_min(*target.q_values(b["s"], b["sa"]))
+        y_v = Fn.double_q_min(*target.q_values(b["s"], b[v_action]))
     q1_raw, q2_raw = critic.q_raw(b["s"], b["sa"])
     q_loss = critic.value_loss(q1_raw, y) + critic.value_loss(q2_raw, y)
     v_loss = critic.value_loss(critic.v(b["s"]), y_v)
@@ -319,7 +329,10 @@ class ArcherTrainer(OnlineTrainer):
 
     def __init__(self, policy: Any, env_id: str, cfg: ArcherConfig | None = None, *,
                  env_kwargs: dict | None = None, out_dir: str | Path = "runs/archer", ctx: DistContext | None = None) -> None:
-        super().__init__(policy, env_id, cfg or ArcherConfig(), env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx)
+        cfg = cfg or ArcherConfig()
+        if cfg.expert_labels:  # the env marks steps that match its oracle (critic/auc_expert)
+            env_kwargs = {"expert_labels": True, **(env_kwargs or {})}
+        super().__init__(policy, env_id, cfg, env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx)
         self.critic_steps = 0
 
     # ----- setup ---------------------------------------------------------------------------
@@ -338,7 +351,14 @@ class ArcherTrainer(OnlineTrainer):
         if self.baseline is not None:
             self.ctx.broadcast_params(self.baseline)
         self.baseline_opt = torch.optim.AdamW(self.baseline.parameters(), lr=cfg.critic_lr) if self.baseline else None
-        self.buffer = ReplayBuffer(cfg.buffer_capacity, feat, seed=cfg.seed + self.ctx.rank)
+        fresh = cfg.v_target == "fresh_action"
+        self.buffer = ReplayBuffer(cfg.buffer_capacity, feat, seed=cfg.seed + self.ctx.rank, fresh_action=fresh)
+        if fresh:
+            if not hasattr(self.policy, "generate"):
+                raise ValueError("v_target=fresh_action samples a' from token ids: it needs an HFPolicy")
+            probe = gym.make(self.env_id, **self.env_kwargs)  # the tool format's stop strings, as in collection
+            self._stops = probe.unwrapped.format.stop_strings(probe.unwrapped.tools)
+            probe.close()
 
     # ----- the loop -------------------------------------------------------------------------
     def step(self) -> dict[str, float]:
@@ -354,19 +374,20 @@ class ArcherTrainer(OnlineTrainer):
         batch = pack_batch(trajs, self.policy.pad_id)
         ref_logprobs, hidden = reference_pass(self.ref, batch, cfg.critic_encoder == "reference", cfg.autocast)
         s_feat, sa_feat = self._features(batch, hidden, trajs)
-        r, done, next_feat = transitions(batch, rewards, s_feat)
-        self.buffer.add(s_feat, sa_feat, r, done, next_feat)
-        # 3. N critic updates from the replay buffer
+        r, done, next_feat = Fn.turn_transitions(batch.turn_refs, rewards, s_feat)
+        fresh_sa = self._fresh_action_features(trajs, batch) if cfg.v_target == "fresh_action" else None
+        # 3. advantages from the critic as it stands, before it has seen this batch (out of sample)
+        feats = (s_feat, sa_feat, r, done, next_feat)
+        adv, q = self._advantages(*feats)
+        metrics.update(self._expert_auc(trajs, batch, adv))
+        # 4. N critic updates from the replay buffer, this batch included
+        self.buffer.add(*feats, fresh_sa=fresh_sa)
         metrics.update(self._critic_updates(cfg.critic_updates))
-        # 4. utterance advantages A = min(Q1, Q2) - V, broadcast to tokens, then the actor
-        with torch.no_grad():
-            q1, q2 = self.critic.q_values(s_feat, sa_feat)
-            q = Fn.double_q_min(q1, q2)
-            v = self.critic.value(s_feat)
-            if cfg.advantage == "td":
-                adv = Fn.td_advantage(r, v, self.critic.value(next_feat), done, cfg.gamma)
-            else:
-                adv = Fn.utterance_advantage(q, v)
+        if cfg.advantage_timing == "after":  # in sample: the critic has just been fitted to these turns
+            adv, q = self._advantages(*feats)
+        # 5. the utterance advantages, broadcast to tokens, train the actor
+        if cfg.center_advantages:
+            adv = Fn.center(adv)
         if cfg.normalize_advantages and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-6)
         token_adv = Fn.broadcast_to_tokens(adv, batch.token_turn)
@@ -381,6 +402,52 @@ class ArcherTrainer(OnlineTrainer):
         return self.finish_step(metrics)
 
     # ----- pieces ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def _advantages(self, s_feat, sa_feat, r, done, next_feat) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(N,)`` utterance advantages (``cfg.advantage``) and ``(N,)`` min(Q1, Q2)(s, a) under the current critic."""
+        cfg = self.cfg
+        q = Fn.double_q_min(*self.critic.q_values(s_feat, sa_feat))
+        v = self.critic.value(s_feat)
+        if cfg.advantage == "q_minus_v":
+            return Fn.utterance_advantage(q, v), q
+        if cfg.advantage == "td":
+            return Fn.td_advantage(r, v, self.critic.value(next_feat), done, cfg.gamma), q
+        return Fn.gae_advantages(r, v, self.critic.value(next_feat), done, cfg.gamma, cfg.gae_lambda), q
+
+    def _expert_auc(self, trajs: list[Trajectory], batch: PackedBatch, adv: torch.Tensor) -> dict[str, float]:
+        """How well A ranks turns that played the env's oracle move above turns that did not
+        (``info["expert_match"]``, see ``expert_labels``); nothing when the env gives no labels."""
+        labels = [trajs[ti].turns[k].info.get("expert_match") for ti, k in batch.turn_refs]
+        if all(y is None for y in labels):
+            return {}
+        y = torch.tensor([float("nan") if v is None else float(v) for v in labels])
+        return {"critic/auc_expert": Fn.auc(adv, y), "critic/expert_rate": float(y.nan_to_num(0.0).sum() / (~y.isnan()).sum())}
+
+    @torch.no_grad()
+    def _fresh_action_features(self, trajs: list[Trajectory], batch: PackedBatch) -> torch.Tensor:
+        """``(N, H)`` phi(s, a') of one fresh action a' ~ pi(s) per flat turn, sampled from the turn's
+        recorded prompt ids and encoded like the recorded actions (V's target in ``td_loss``)."""
+        cfg = self.cfg
+        prompts = [trajs[ti].turns[k].prompt_ids for ti, k in batch.turn_refs]
+        sampling = cfg.sampling(self.iteration)
+        sampling.seed = self.ctx.rank_seed(sampling.seed) + 0x5EED  # not the collection's own samples
+        gens = []
+        with self.weights_lock():
+            for i in range(0, len(prompts), cfg.num_envs):
+                chunk = prompts[i : i + cfg.num_envs]
+                gens += self.policy.generate(chunk, sampling, [self._stops] * len(chunk), None,
+                                             [k for _, k in batch.turn_refs[i : i + cfg.num_envs]])[0]
+        dec = self.policy.tokenizer.decode
+        turns = [Turn(dec(g.action_ids, skip_special_tokens=True), prompt_ids=list(p),
+                      action_ids=list(g.action_ids) or [self.policy.pad_id]) for p, g in zip(prompts, gens)]
+        if cfg.critic_encoder == "reference":  # one sequence per state: its prompt, then a'
+            fbatch = pack_batch([Trajectory(trajs[ti].task_id, turns=[t]) for (ti, _), t in zip(batch.turn_refs, turns)],
+                                self.policy.pad_id)
+            return self._features(fbatch, reference_pass(self.ref, fbatch, True, cfg.autocast)[1], [])[1]
+        fresh = [Trajectory(trajs[ti].task_id, turns=[*trajs[ti].turns[:k], t], initial_observation=trajs[ti].initial_observation)
+                 for (ti, k), t in zip(batch.turn_refs, turns)]
+        return self.encoder.turn_features(fresh, [(i, k) for i, (_, k) in enumerate(batch.turn_refs)])[1]
+
     def _features(self, batch: PackedBatch, hidden: torch.Tensor | None, trajs: list[Trajectory]):
         if hidden is not None:
             s = hidden[batch.state_pos[:, 0], batch.state_pos[:, 1]].float()
@@ -390,8 +457,10 @@ class ArcherTrainer(OnlineTrainer):
 
     def _critic_updates(self, n: int) -> dict[str, float]:
         cfg, sums = self.cfg, {}
+        v_action = "fresh_sa" if cfg.v_target == "fresh_action" else "sa"
         for _ in range(n if len(self.buffer) else 0):
-            loss, stats = td_loss(self.critic, self.critic_target, self.buffer.sample(cfg.critic_batch_size), cfg.gamma)
+            b = self.buffer.sample(cfg.critic_batch_size)
+            loss, stats = td_loss(self.critic, self.critic_target, b, cfg.gamma, v_action)
             self.critic_opt.zero_grad(set_to_none=True)
             loss.backward()
             self.ctx.all_reduce_grads(self.critic.parameters())

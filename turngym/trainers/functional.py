@@ -16,6 +16,28 @@ import torch.nn.functional as F
 # ----- critic (ArCHer high level) ------------------------------------------------------------
 
 
+def turn_transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s_feat: torch.Tensor):
+    """The replay transitions of a batch's flat turns: ``(N,)`` reward, ``(N,)`` done and ``(N, H)``
+    next-state features (the next flat turn's ``s_feat`` when it is the same episode's next turn; else
+    zeros and done, since a turn whose successor carries no tokens has nothing to bootstrap from).
+
+    Args:
+        turn_refs: ``(trajectory, turn)`` of each flat turn, in order (``PackedBatch.turn_refs``).
+        rewards: Per trajectory, per turn (after the reward transforms).
+        s_feat: ``(N, H)`` state features of each flat turn.
+    """
+    n = len(turn_refs)
+    r = torch.tensor([rewards[ti][k] for ti, k in turn_refs], dtype=torch.float32)
+    done = torch.ones(n)
+    next_feat = torch.zeros_like(s_feat)
+    for i in range(n - 1):
+        (ti, k), (tj, kj) = turn_refs[i], turn_refs[i + 1]
+        if ti == tj and kj == k + 1:
+            done[i] = 0.0
+            next_feat[i] = s_feat[i + 1]
+    return r, done, next_feat
+
+
 def td_target(reward: torch.Tensor, next_value: torch.Tensor, done: torch.Tensor, gamma: float) -> torch.Tensor:
     """One-step TD target ``y = r + gamma * (1 - done) * V_target(s')``.
 
@@ -49,6 +71,53 @@ def td_advantage(reward: torch.Tensor, value: torch.Tensor, next_value: torch.Te
     before it learns how Q varies with the action.
     """
     return td_target(reward, next_value, done, gamma) - value
+
+
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, dones: torch.Tensor,
+                   gamma: float, lam: float) -> torch.Tensor:
+    """Generalised advantage estimation (Schulman et al. 2016) over the turns of flat episodes, ``(N,)``.
+
+        delta_t = r_t + gamma * (1 - done_t) * V(s_{t+1}) - V(s_t)
+        A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1}
+
+    ``lam = 0`` is the one-step TD advantage (``td_advantage``); ``lam = 1`` is the discounted
+    return minus ``V(s_t)`` (the deltas telescope).
+
+    Args:
+        rewards, values, next_values, dones: ``(N,)`` per flat turn, episodes laid end to end in
+            turn order; ``dones[t] = 1`` where turn ``t + 1`` does not continue turn ``t``'s episode.
+    """
+    delta = td_advantage(rewards, values, next_values, dones, gamma)
+    keep = gamma * lam * (1.0 - dones.float())
+    out = torch.empty_like(delta)
+    running = torch.zeros((), dtype=delta.dtype)
+    for t in range(delta.shape[0] - 1, -1, -1):
+        running = delta[t] + keep[t] * running
+        out[t] = running
+    return out
+
+
+def center(x: torch.Tensor) -> torch.Tensor:
+    """``x - mean(x)`` over the batch (no std scaling), shape kept; a single element is left as is."""
+    return x - x.mean() if x.numel() > 1 else x
+
+
+def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """ROC AUC: P(score of a positive > score of a negative), ties counting 1/2.
+
+    Args:
+        scores: ``(N,)``.
+        labels: ``(N,)``; 1 = positive, 0 = negative, anything else (e.g. NaN = unknown) is ignored.
+
+    Returns:
+        The AUC, or NaN when there is no positive or no negative.
+    """
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    if pos.numel() == 0 or neg.numel() == 0:
+        return float("nan")
+    diff = pos[:, None] - neg[None, :]  # (P, Q)
+    wins = (diff > 0).float() + 0.5 * (diff == 0).float()
+    return float(wins.mean())
 
 
 def broadcast_to_tokens(per_turn: torch.Tensor, token_turn: torch.Tensor) -> torch.Tensor:
