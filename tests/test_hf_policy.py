@@ -255,3 +255,20 @@ def test_exponential_race_samples_with_the_right_frequencies():
     tempered = (probs.log() / 2).log_softmax(-1)
     torch.testing.assert_close(samp2, tempered[t2])
     torch.testing.assert_close(raw2, probs.log()[t2])
+
+
+def test_a_fresh_conversation_is_prefilled_apart_from_continuing_ones(tiny_model):
+    """A batch mixing episodes that just started (whole prompt to prefill) with continuing ones (a
+    short observation on top of their KV cache) is split in two, and answers as each would alone."""
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer)
+    old = _convs(3)
+    _extend(old, pol.act(old, GREEDY), 1)
+    fresh = [Conversation([Message("system", "Play well."), Message("user", "A long task. " * 60)], [])]
+    mixed = old + fresh
+    prompts = [pol.chat.prompt_ids(c) for c in mixed]
+    assert pol._buckets(mixed, prompts) == [[0, 1, 2], [3]]
+    for c in mixed:  # undo the prompt bookkeeping of the probe above: act asks again
+        pol.chat.state(c).n_msgs = 0
+    together = [u.action_ids for u in pol.act(copy.deepcopy(mixed), GREEDY)]
+    alone = [pol.act([copy.deepcopy(c)], GREEDY)[0].action_ids for c in mixed]
+    assert together == alone
