@@ -1,10 +1,12 @@
 """FSDP2 sharding of the actor (``sharding: fsdp``): an actor update over 2 gloo CPU ranks, each
 holding half of the sequences and half of every parameter, must give the parameters one process
 gets from the same update on the full batch. The same run checks the full state dicts behind
-checkpoints and generation on the sharded model with unequal work per rank."""
+checkpoints and generation on the sharded model with unequal work per rank; a second test runs the
+GRPO trainer sharded, resumes it from its checkpoint, writes the final HF folder and plays on rank 0."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -144,3 +146,51 @@ def test_fsdp_actor_update_over_two_ranks_matches_one_process(tmp_path):
                 for i in range(n):
                     ref = single.generate(full.input_ids[i : i + 1, :5], max_new_tokens=4 + 2 * i, do_sample=False, pad_token_id=0)
                     assert rank_out[trainable]["gens"][i] == ref.tolist()
+
+
+def _trainer_worker(rank: int, init_file: str, out_dir: str) -> None:
+    import toy_envs  # noqa: F401  (registers tests/Guess-v0 in the spawned process)
+    from fixtures_model import build_tiny_model
+    from transformers import AutoModelForCausalLM
+    from turngym.agents.default_model import load_default_tokenizer
+    from turngym.agents.hf import HFPolicy
+    from turngym.rollout import episode_specs, rollout, make_env_factory
+    from turngym.train import save_final_model
+    from turngym.trainers.distributed import DistContext, full_params, model_state_dict
+    from turngym.trainers.pg import PGConfig, PGTrainer
+
+    torch.set_num_threads(1)
+    ctx = DistContext.init(rank, WORLD, f"file://{init_file}", backend="gloo")
+    try:
+        tok = load_default_tokenizer()
+        common = dict(episodes_per_iter=4, num_envs=2, max_new_tokens=6, minibatch_size=2, actor_lr=1e-2,
+                      autocast="none", algo="grpo", group_size=2, sharding="fsdp", trainable="top:1")
+        run = PGTrainer(HFPolicy(build_tiny_model(tok, seed=rank), tok), "tests/Guess-v0", PGConfig(iterations=1, **common),
+                        out_dir=f"{out_dir}/run", ctx=ctx)
+        run.train(progress=False)
+        # a new process resumes the sharded run from its full-state checkpoint and continues
+        policy = HFPolicy(build_tiny_model(tok, seed=5), tok)
+        again = PGTrainer(policy, "tests/Guess-v0", PGConfig(iterations=2, **common), out_dir=f"{out_dir}/run", ctx=ctx)
+        resumed_rows = again.train(progress=False)
+        full = model_state_dict(policy.model)
+        if ctx.is_main:
+            save_final_model(policy, Path(out_dir) / "final_model", full)
+        with full_params(policy.model):  # rank 0 plays alone, as the held-out evaluation does
+            if ctx.is_main:
+                specs = episode_specs(["1"], episodes=2)
+                trajs = rollout(policy, make_env_factory("tests/Guess-v0"), specs, num_envs=2, progress=False)
+                saved = AutoModelForCausalLM.from_pretrained(f"{out_dir}/final_model").state_dict()
+                torch.save({"full": full, "saved": saved, "turns": sum(len(t.turns) for t in trajs),
+                            "iteration": again.iteration, "rows": len(resumed_rows)}, f"{out_dir}/trainer.pt")
+            ctx.barrier()
+    finally:
+        ctx.close()
+
+
+def test_fsdp_trainer_checkpoints_resume_and_final_model(tmp_path, tiny_tokenizer):
+    mp.spawn(_trainer_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+    out = torch.load(tmp_path / "trainer.pt", weights_only=False)
+    assert out["iteration"] == 2 and out["rows"] == 1, "the second trainer did not resume at iteration 1"
+    assert out["turns"] > 0
+    for k, v in out["full"].items():  # the HF folder holds the gathered weights
+        torch.testing.assert_close(out["saved"][k], v, rtol=0, atol=0)
