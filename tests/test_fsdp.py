@@ -152,9 +152,10 @@ def _trainer_worker(rank: int, init_file: str, out_dir: str) -> None:
     import toy_envs  # noqa: F401  (registers tests/Guess-v0 in the spawned process)
     from fixtures_model import build_tiny_model
     from transformers import AutoModelForCausalLM
+
     from turngym.agents.default_model import load_default_tokenizer
     from turngym.agents.hf import HFPolicy
-    from turngym.rollout import episode_specs, rollout, make_env_factory
+    from turngym.rollout import episode_specs, make_env_factory, rollout
     from turngym.train import save_final_model
     from turngym.trainers.distributed import DistContext, full_params, model_state_dict
     from turngym.trainers.pg import PGConfig, PGTrainer

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass, field
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch

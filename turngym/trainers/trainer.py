@@ -38,8 +38,14 @@ from turngym.rewards import load_reward_state_dict, make_reward, reward_state_di
 from turngym.rollout import AsyncCollector, EpisodeSpec, make_env_factory, rollout
 from turngym.trainers.actor import frozen_copy, prepare_trainable, shard_model
 from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from turngym.trainers.distributed import (DistContext, full_params, load_model_state_dict, load_optimizer_state_dict,
-                                          model_state_dict, optimizer_state_dict)
+from turngym.trainers.distributed import (
+    DistContext,
+    full_params,
+    load_model_state_dict,
+    load_optimizer_state_dict,
+    model_state_dict,
+    optimizer_state_dict,
+)
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
 from turngym.types import Trajectory
 
