@@ -28,7 +28,7 @@ from turngym.bench.metrics import bootstrap_diff
 from turngym.config import apply_overrides, describe, knob, load_yaml
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
 from turngym.trainers.checkpoint import has_checkpoint
-from turngym.trainers.distributed import DistContext
+from turngym.trainers.distributed import DistContext, full_params, is_sharded, model_state_dict
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
 from turngym.trainers.pg import ALGOS, PGConfig, PGTrainer
 from turngym.trainers.sft import SFTConfig, sft
@@ -104,15 +104,17 @@ def _with_split(env_kwargs: dict, split: str) -> dict:
     return {**env_kwargs, "split": split} if split else dict(env_kwargs)
 
 
-def save_final_model(policy: Any, path: Path) -> Path:
+def save_final_model(policy: Any, path: Path, state_dict: dict | None = None) -> Path:
     """The trained policy as a Hugging Face model folder: ``--agent hf:PATH`` plays it and
-    ``turngym bench`` benchmarks it. LoRA adapters are folded into a copy of the weights."""
+    ``turngym bench`` benchmarks it. LoRA adapters are folded into a copy of the weights.
+    ``state_dict``: the full weights to write instead of ``policy.model``'s own (an FSDP-sharded
+    model's, gathered by ``trainers.distributed.model_state_dict``)."""
     model = policy.model
     if hasattr(model, "merge_and_unload"):
         model = copy.deepcopy(model).merge_and_unload()
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=state_dict)
     policy.tokenizer.save_pretrained(tmp)
     shutil.rmtree(path, ignore_errors=True)  # a kill from here to the rename leaves no folder: the stage reruns
     tmp.rename(path)
@@ -250,9 +252,12 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
             logger.close()
             stages.finish("rl", {"iterations": trainer.iteration, "env_steps": trainer.env_steps,
                                  "train_seconds": trainer.train_seconds})
+        sharded = is_sharded(policy.model)
+        full = model_state_dict(policy.model) if sharded else None  # gathering: every rank takes part
         if main:
-            save_final_model(policy, out / "final_model")
-        held_out("final")
+            save_final_model(policy, out / "final_model", full)
+        with full_params(policy.model):  # rank 0 evaluates a sharded model alone: no collectives in its forwards
+            held_out("final")
     if rl_cfg.iterations > 0:
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
 

@@ -9,13 +9,14 @@ plus KL and entropy guards, over minibatches of whole episodes.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import torch
 
 from turngym.trainers import functional as Fn
-from turngym.trainers.distributed import DistContext
-from turngym.trainers.sequences import PackedBatch, score
+from turngym.trainers.distributed import DistContext, is_sharded
+from turngym.trainers.sequences import PackedBatch, score, score_forward
 
 
 def prepare_trainable(model: torch.nn.Module, trainable: str, lora_r: int = 16, lora_alpha: int = 32) -> torch.nn.Module:
@@ -47,6 +48,35 @@ def prepare_trainable(model: torch.nn.Module, trainable: str, lora_r: int = 16, 
                 p.requires_grad_(True)
     elif trainable != "all":
         raise ValueError(f"trainable must be all, lora or top:K, got {trainable!r}")
+    return model
+
+
+def shard_model(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
+    """Shard ``model``'s parameters over the ranks with FSDP2 (``fully_shard`` on each transformer
+    block, then on the root, which holds the embeddings, final norm and head); call it after
+    ``prepare_trainable`` and before building the optimizer. A no-op in one process.
+
+    The scorer (``sequences.score``) runs the backbone and head as submodules, so it is registered
+    as a forward method of the root: FSDP then gathers the root's parameters around it and reduces
+    their gradients after backward, as it does around ``model.forward`` (which ``generate`` calls).
+
+    Raises:
+        ValueError: a LoRA (PEFT) model; only ``trainable: all`` and ``top:K`` are sharded.
+    """
+    if not ctx.enabled:
+        return model
+    if hasattr(model, "get_base_model"):
+        raise ValueError("sharding=fsdp supports trainable=all and top:K, not lora")
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    for block in _blocks(model):
+        fully_shard(block)
+    # The root reshards after its forward too (FSDP's default keeps it gathered): otherwise, after
+    # a no-grad forward, ``model.parameters()`` would list the gathered copies, not the shards that
+    # the optimizer steps.
+    fully_shard(model, reshard_after_forward=True)
+    model.score_forward = functools.partial(score_forward, model)
+    register_fsdp_forward_method(model, "score_forward")
     return model
 
 
@@ -121,7 +151,9 @@ def actor_update(
         batch.old_logprobs = rescored_logprobs(model, batch, cfg)
     B = batch.input_ids.shape[0]
     params = [p for p in model.parameters() if p.requires_grad]
-    micro = cfg.micro_batch_size or cfg.minibatch_size
+    sharded = is_sharded(model)
+    # FSDP ranks must run the same number of forwards and backwards: no accumulation when sharded
+    micro = cfg.minibatch_size if sharded else (cfg.micro_batch_size or cfg.minibatch_size)
     sums: dict[str, float] = {}
     steps = 0
     for _ in range(cfg.actor_epochs):
@@ -138,15 +170,17 @@ def actor_update(
             for chunk, w in zip(chunks, weights):
                 part = _minibatch_backward(model, batch, chunk, token_adv, ref_logprobs, cfg, w)
                 stats = {k: (stats or {}).get(k, 0.0) + w * v for k, v in part.items()}
+            if not rows and sharded:  # FSDP's gathers and reduce-scatters need every rank's forward and backward
+                _minibatch_backward(model, batch, [0], token_adv, ref_logprobs, cfg, weight=0.0)
             ctx.all_reduce_grads(params)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)  # DTensors: the global norm
             lr = Fn.warmup_lr(cfg.actor_lr, _optimizer_steps(optimizer, params), cfg.actor_warmup_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.step()
             i += cfg.minibatch_size
             if stats is not None:
-                stats["actor/grad_norm"] = float(grad_norm)
+                stats["actor/grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
                 steps += 1

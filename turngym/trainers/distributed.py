@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import datetime
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.tensor import DTensor
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,7 @@ class DistContext:
 
     def all_reduce_grads(self, params: Iterable[torch.nn.Parameter], bucket_mb: float = 64.0) -> None:
         """Average gradients over ranks, in place; call between ``backward`` and ``clip_grad_norm_``.
+        Parameters sharded by FSDP (DTensors) are skipped: their backward already averaged them.
 
         A parameter whose grad is None on some ranks but not others counts as zero there; one that
         no rank produced a grad for stays None (so the optimizer skips it, as in one process).
@@ -175,7 +178,9 @@ class DistContext:
         """
         if not self.enabled:
             return
-        params = [p for p in params if p.requires_grad]
+        params = [p for p in params if p.requires_grad and not isinstance(p, DTensor)]  # FSDP reduced those
+        if not params:
+            return
         has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=self.device)
         dist.all_reduce(has, op=dist.ReduceOp.MAX)
         grads = []
@@ -261,3 +266,81 @@ def _buckets(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[torch.Ten
             last.append(t)
             size += nbytes
     return out
+
+
+# ----- FSDP2-sharded models --------------------------------------------------------------------
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is an FSDP2 root (``fully_shard`` was applied to it)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()``; for a sharded model, the full (unsharded) state dict on CPU, the same
+    keys and shapes as the unsharded model's. Collective when sharded: every rank must call it (rank 0
+    gets the tensors, the others an empty dict)."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_model_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """``model.load_state_dict(state)``; a sharded model takes each rank's slices of the full ``state``
+    (every rank passes the full state dict; collective when sharded)."""
+    if not is_sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    # a copy: the call replaces the dict's values with this rank's shards
+    set_model_state_dict(model, dict(state), options=StateDictOptions(full_state_dict=True))
+
+
+def optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()``; for a sharded model, the full state keyed by parameter name, on
+    CPU (collective when sharded; rank 0 gets the tensors)."""
+    if not is_sharded(model):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state_dict(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """The inverse of ``optimizer_state_dict`` (every rank passes the full state, which may be modified
+    in place; collective when sharded)."""
+    if not is_sharded(model):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+@contextmanager
+def full_params(model: torch.nn.Module) -> Iterator[None]:
+    """Hold every FSDP unit of ``model`` unsharded for the duration (no-op when not sharded).
+
+    For generation: ranks play different episodes and make different numbers of forwards, which
+    must not each all-gather the blocks. This all-gathers once, on every rank together (so enter it
+    on every rank), and the forwards inside then run on the full local weights with no collective.
+    Memory inside is that of an unsharded model.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        yield
+        return
+    for unit in units:
+        unit.unshard()
+    model.set_reshard_after_forward(False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+        model.set_reshard_after_forward(True)  # as ``trainers.actor.shard_model`` set every unit

@@ -10,6 +10,7 @@ of a long episode would cost gigabytes and buy nothing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -205,16 +206,25 @@ def score(model: torch.nn.Module, batch: PackedBatch, *, entropy: bool = False, 
     ``logits = lm_head(last_hidden_state)`` is evaluated only where ``score_mask`` is set. This
     matches the model's own logits for decoder LMs whose head is a plain projection (Llama,
     Qwen2, SmolLM, Mistral...); ``tests/test_trainer_sequences.py`` checks it against ``model(...)``.
+
+    A model sharded by ``trainers.actor.shard_model`` carries this computation as its registered
+    FSDP forward method ``score_forward``: the backbone and head are submodules, and FSDP gathers
+    the root's parameters (embeddings, final norm, head) and reduces their gradients only around
+    a forward of the root.
     """
-    backbone, head = _backbone_and_head(model)
     device = next(model.parameters()).device
-    out = backbone(
-        input_ids=batch.input_ids.to(device),
-        attention_mask=batch.attention_mask.to(device),
-        use_cache=False,
-    )
+    forward = getattr(model, "score_forward", None) or functools.partial(score_forward, model)
+    logprobs, ent, h = forward(batch.input_ids.to(device), batch.attention_mask.to(device),
+                               batch.score_mask.to(device), batch.targets.to(device), entropy, hidden)
+    return ScoredBatch(logprobs=logprobs, entropy=ent, hidden=h)
+
+
+def score_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
+                  targets: torch.Tensor, entropy: bool, hidden: bool) -> tuple:
+    """``score``'s forward on device tensors: ``(logprobs (M,), entropy (M,) or None, hidden or None)``."""
+    backbone, head = _backbone_and_head(model)
+    out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     h = out.last_hidden_state
-    mask = batch.score_mask.to(device)
     logits = head(h[mask])  # (M, V): the head runs only where a policy token is predicted
-    logprobs, ent = Fn.token_logprobs_and_entropy(logits, batch.targets.to(device)[mask], entropy)
-    return ScoredBatch(logprobs=logprobs, entropy=ent, hidden=h if hidden else None)
+    logprobs, ent = Fn.token_logprobs_and_entropy(logits, targets[mask], entropy)
+    return logprobs, ent, h if hidden else None

@@ -38,9 +38,16 @@ from turngym.config import knob
 from turngym.envs.wrappers import make_revisit_limited
 from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict
 from turngym.rollout import AsyncCollector, EpisodeSpec, make_env_factory, rollout
-from turngym.trainers.actor import frozen_copy, prepare_trainable
+from turngym.trainers.actor import frozen_copy, prepare_trainable, shard_model
 from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from turngym.trainers.distributed import DistContext
+from turngym.trainers.distributed import (
+    DistContext,
+    full_params,
+    load_model_state_dict,
+    load_optimizer_state_dict,
+    model_state_dict,
+    optimizer_state_dict,
+)
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
 from turngym.types import Trajectory
 
@@ -79,6 +86,8 @@ class OnlineConfig:
     lora_alpha: int = knob(32, "LoRA alpha when trainable=lora")
     autocast: str = knob("auto", "auto | bf16 | none: mixed precision for the training forwards (weights stay fp32); "
                                  "auto = bf16 where the hardware has it (CUDA, AVX512-BF16/AMX CPUs)")
+    sharding: str = knob("none", "none | fsdp: under torchrun, shard the actor's parameters, gradients and optimizer "
+                                 "state over the ranks with FSDP2 (trainable all or top:K; see docs/scaling.md)")
     env_workers: str = knob("local", "where envs run: local | thread | subprocess | ray")
     async_staleness: int = knob(-1, "-1: collect, then update; k >= 0: keep collecting on a background thread "
                                     "during updates, training on episodes at most k policy versions old")
@@ -106,6 +115,10 @@ class OnlineConfig:
             raise ValueError(f"actor_warmup_steps must be >= 0, got {self.actor_warmup_steps}")
         if self.time_budget_s < 0:
             raise ValueError(f"time_budget_s must be >= 0, got {self.time_budget_s}")
+        if self.sharding not in ("none", "fsdp"):
+            raise ValueError(f"sharding must be none or fsdp, got {self.sharding!r}")
+        if self.sharding == "fsdp" and self.trainable == "lora":
+            raise ValueError("sharding=fsdp supports trainable=all and top:K, not lora")
         if self.env_workers not in ("local", "thread", "subprocess", "ray"):
             raise ValueError(f"env_workers must be local, thread, subprocess or ray, got {self.env_workers!r}")
 
@@ -218,6 +231,8 @@ class OnlineTrainer:
         self.policy.model = prepare_trainable(self.policy.model, cfg.trainable, cfg.lora_r, cfg.lora_alpha)
         self.model = self.policy.model
         self.ctx.broadcast_params(self.model)  # e.g. LoRA adapters start random on each rank
+        if cfg.sharding == "fsdp":  # before the optimizer, which must hold the shards
+            self.model = self.policy.model = shard_model(self.model, self.ctx)
         self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.reward_fn = make_reward(cfg.reward)
@@ -236,8 +251,9 @@ class OnlineTrainer:
         """Play this rank's share of ``specs`` with the current policy; in async mode, take
         ``len(specs)`` episodes from the background collector instead (the same task schedule)."""
         if self.cfg.async_staleness < 0:
-            return collect(self.policy, self.env_id, self.env_kwargs, specs, self.cfg, self.iteration,
-                           ctx=self.ctx, group_size=group_size)
+            with full_params(self.model):  # a sharded model generates from full weights, without collectives
+                return collect(self.policy, self.env_id, self.env_kwargs, specs, self.cfg, self.iteration,
+                               ctx=self.ctx, group_size=group_size)
         if self._collector is None:
             self._start_collector(len(specs), group_size)
         t0 = time.perf_counter()
@@ -351,11 +367,12 @@ class OnlineTrainer:
 
     # ----- checkpoints ----------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write the checkpoint (rank 0; the others wait for it)."""
+        """Write the checkpoint (rank 0; the others wait for it, or first help gather a sharded model)."""
         path = Path(path)
+        model, actor_opt = model_state_dict(self.model), optimizer_state_dict(self.model, self.actor_opt)
         if self.ctx.is_main:
             save_checkpoint(path, {
-                "model": self.model.state_dict(), "actor_opt": self.actor_opt.state_dict(),
+                "model": model, "actor_opt": actor_opt,
                 "gen": self.gen.get_state(), "iteration": self.iteration, "env_steps": self.env_steps,
                 "train_seconds": self.train_seconds,
                 "config": asdict(self.cfg), "reward": reward_state_dict(self.reward_fn),  # e.g. SPA's estimator
@@ -368,8 +385,8 @@ class OnlineTrainer:
         if not self._ready:
             self.setup()
         st = load_checkpoint(path)
-        self.model.load_state_dict(st["model"])
-        self.actor_opt.load_state_dict(st["actor_opt"])
+        load_model_state_dict(self.model, st["model"])
+        load_optimizer_state_dict(self.model, self.actor_opt, st["actor_opt"])
         self.gen.set_state(st["gen"])
         load_reward_state_dict(self.reward_fn, st.get("reward", {}))
         self.iteration, self.env_steps = st["iteration"], st["env_steps"]
