@@ -21,7 +21,7 @@ import yaml
 from fixtures_model import build_tiny_model
 
 TESTS = Path(__file__).resolve().parent
-VOLATILE = ("time", "rollout/seconds", "rollout/tokens_per_s")  # wall-clock readings differ run to run
+VOLATILE = ("time", "rollout/seconds", "rollout/tokens_per_s", "train_seconds")  # wall-clock readings differ run to run
 
 
 def _config(tmp_path: Path, tokenizer) -> Path:
@@ -30,7 +30,7 @@ def _config(tmp_path: Path, tokenizer) -> Path:
         build_tiny_model(tokenizer).save_pretrained(model_dir)
         tokenizer.save_pretrained(model_dir)
     cfg = {
-        "model": f"hf:{model_dir}", "env_id": "tests/Guess-v0", "env_kwargs": {}, "train_split": "",
+        "model": f"hf:{model_dir}", "algo": "archer", "env_id": "tests/Guess-v0", "env_kwargs": {}, "train_split": "",
         "sft": {"episodes": 2, "epochs": 1, "batch_size": 2, "autocast": "none"},
         "archer": {"iterations": 3, "episodes_per_iter": 2, "num_envs": 2, "max_new_tokens": 6, "critic_updates": 2,
                    "critic_warmup": 0, "autocast": "none", "reward": ["env", "format"]},

@@ -38,35 +38,38 @@ from turngym.trainers.sft import SFTConfig, sft
 class EvalConfig:
     """Held-out evaluation between stages."""
 
-    episodes: int = knob(20, "held-out episodes per evaluation")
+    episodes: int = knob(128, "held-out games per evaluation (distinct: the split must hold that many)")
     split: str = knob("test", "the held-out split ('' for an env without splits)")
-    zero_shot: bool = knob(True, "evaluate before any training")
+    zero_shot: bool = knob(False, "evaluate before any training too (the embedded model: 0% on TextWorld, "
+                                  "and its 100% invalid actions play every turn: the slowest evaluation)")
     max_new_tokens: int = knob(16, "length cap per utterance")
-    num_envs: int = knob(20, "episodes in flight")
+    num_envs: int = knob(32, "episodes in flight")
 
 
-# The quickstart: what `turngym train` runs with no config, in about 20 minutes on 2 CPU cores.
-# xml tool calls (<act>go east</act>) are ~8 tokens; the top 8 of SmolLM2's 30 blocks train.
+# The quickstart: what `turngym train` runs with no config (see configs/quickstart.yaml for the why
+# of each number). xml tool calls (<act>go east</act>) are ~8 tokens; the top 8 of SmolLM2's 30 blocks train.
 def _quickstart_sft() -> SFTConfig:
     return SFTConfig(episodes=24, epochs=2, lr=1e-4, batch_size=4, trainable="top:8")
 
 
 def _quickstart_archer() -> ArcherConfig:
     return ArcherConfig(iterations=8, episodes_per_iter=16, num_envs=16, max_new_tokens=16, trainable="top:8",
-                        actor_lr=2e-5, critic_updates=50, critic_warmup=100, kl_coef=0.1)
+                        actor_lr=2e-5, critic_updates=50, critic_warmup=100, kl_coef=0.01)
 
 
 def _quickstart_pg() -> PGConfig:
-    return PGConfig(iterations=8, episodes_per_iter=16, num_envs=16, max_new_tokens=16, trainable="top:8",
-                    actor_lr=2e-5, group_size=4)
+    return PGConfig(algo="filtered_bc", iterations=5, group_size=8, episodes_per_iter=32, num_envs=32,
+                    minibatch_size=16, micro_batch_size=4, top_p=0.9, max_state_visits=3, max_new_tokens=16,
+                    trainable="top:8", actor_lr=5e-5, actor_warmup_steps=2,
+                    reward=["env", {"name": "format", "unparseable": -0.1, "invalid": -0.1}])
 
 
 @dataclass
 class TrainConfig:
-    """``turngym train``: its defaults are the quickstart (embedded model, SFT, ArCHer, TextWorld-easy)."""
+    """``turngym train``: its defaults are the quickstart (embedded model, SFT, online filtered BC, TextWorld-easy)."""
 
     model: str = knob("default", "policy: default (embedded SmolLM2-135M) | hf:PATH")
-    algo: str = knob("archer", "archer | grpo | gigpo | rloo | reinforce")
+    algo: str = knob("filtered_bc", "archer | grpo | gigpo | rloo | reinforce | filtered_bc")
     env_id: str = knob("turngym/TextWorld-easy-v0", "environment to train on")
     env_kwargs: dict = knob({"tool_format": "xml"}, "env constructor overrides, for training and evaluation")
     train_split: str = knob("train", "split the trainers play ('' for an env without splits)")
@@ -75,7 +78,7 @@ class TrainConfig:
     threads: int = knob(0, "torch CPU threads (0 = torch's default)")
     sft: SFTConfig = knob(_quickstart_sft, "SFT warm start")
     archer: ArcherConfig = knob(_quickstart_archer, "ArCHer (algo=archer)")
-    pg: PGConfig = knob(_quickstart_pg, "critic-free trainers (algo=grpo|gigpo|rloo|reinforce)")
+    pg: PGConfig = knob(_quickstart_pg, "critic-free trainers (algo=grpo|gigpo|rloo|reinforce|filtered_bc)")
     eval: EvalConfig = knob(EvalConfig, "held-out evaluation")
 
     def __post_init__(self) -> None:
@@ -126,7 +129,7 @@ def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str) -> dict:
     res = evaluate(cfg.env_id, policy, agent_name=f"{cfg.model}@{tag}", episodes=cfg.eval.episodes,
                    seed=10_000 + cfg.seed, env_kwargs=_with_split(cfg.env_kwargs, cfg.eval.split),
                    sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed),
-                   num_envs=cfg.eval.num_envs, progress=False)
+                   num_envs=cfg.eval.num_envs, progress=False, distinct=True)
     res.save(Path(cfg.output_dir) / f"eval_{tag}.json")
     # every stage plays the same held-out (task, seed) list in the same order: outcomes pair up
     return {**res.summary, "per_episode_success": [float(t.success) for t in res.trajectories]}

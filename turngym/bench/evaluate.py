@@ -55,6 +55,7 @@ def evaluate(
     workers: bool = False,
     max_turns: int | None = None,
     progress: bool = True,
+    distinct: bool = False,
 ) -> EvalResult:
     """Play ``episodes`` episodes of ``env_id`` with ``policy``, cycling over the split's tasks.
 
@@ -62,9 +63,14 @@ def evaluate(
         env_kwargs: Constructor overrides (e.g. ``{"split": "test"}``); the policy's own
             ``env_kwargs`` (scripted hints) are added on top.
         max_turns: Override the env's registered turn limit.
+        distinct: Refuse to cycle: a held-out claim counts games, and a deterministic game replayed
+            under another reset seed is the same game again (its CI would shrink for nothing).
 
     Returns:
         An ``EvalResult`` with the summary (success and its 95% CI, per task type) and trajectories.
+
+    Raises:
+        ValueError: ``distinct`` and the split has fewer tasks than ``episodes``.
     """
     kwargs = {**(env_kwargs or {}), **getattr(policy, "env_kwargs", {})}
     if max_turns is not None:
@@ -72,6 +78,9 @@ def evaluate(
     probe = gym.make(env_id, **{k: v for k, v in kwargs.items() if k != "max_turns"})
     task_ids = list(probe.unwrapped.task_ids)
     probe.close()
+    if distinct and episodes > len(task_ids):
+        raise ValueError(f"{env_id} {kwargs.get('split', '')!r} has {len(task_ids)} tasks, fewer than the {episodes} "
+                         f"distinct held-out games asked for; generate more (e.g. env_kwargs num_games) or ask for fewer")
     specs = episode_specs(task_ids, episodes, seed=seed)
     t0 = time.perf_counter()
     trajs = rollout(

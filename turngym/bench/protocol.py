@@ -62,7 +62,7 @@ def held_out_eval(policy: Any, env_id: str, env_kwargs: dict, *, games: int, sam
         policy.invalidate_caches()
         return evaluate(env_id, policy, episodes=games, seed=seed, env_kwargs=env_kwargs, num_envs=num_envs,
                         sampling=SamplingParams(temperature=temp, max_new_tokens=max_new_tokens, seed=sample_seed),
-                        progress=False)
+                        progress=False, distinct=True)
 
     greedy = play(0.0, 0)
     trajs = greedy.trajectories

@@ -93,7 +93,7 @@ SUITES: dict[str, Suite] = {
         "easy",
         tuple(_coin(lv) for lv in (2, 3, 4, 5, 102, 103, 104, 105)),
         min_moves=2, max_moves=5, max_turns=10,
-        default_games={"train": 64, "test": 32},
+        default_games={"train": 64, "test": 128},  # 128 distinct held-out games: the protocol's minimum
     ),
     # Treasure hunter (10 rooms, closed doors and containers, a wrong object that loses the game)
     # and one-room-recipe cooking games over 6 rooms: about 10 moves.
