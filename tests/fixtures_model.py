@@ -62,3 +62,11 @@ def tiny_tokenizer():
 def tiny_model(tiny_tokenizer) -> TinyModel:
     """A tiny random Llama and the real SmolLM2 tokenizer, shared by every test of the session."""
     return TinyModel(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
+
+
+@pytest.fixture
+def policy(tiny_tokenizer):
+    """A fresh HFPolicy over a new tiny model (each test may train it)."""
+    from turngym.agents.hf import HFPolicy
+
+    return HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)

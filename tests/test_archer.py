@@ -128,13 +128,6 @@ def test_replay_buffer_keeps_fresh_action_features_with_their_transition():
 
 
 # ----- on the tiny model and the toy env ----------------------------------------------------------
-@pytest.fixture
-def policy(tiny_tokenizer):
-    from turngym.agents.hf import HFPolicy
-
-    return HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
-
-
 def _cfg(**kw):
     base = dict(iterations=1, episodes_per_iter=4, num_envs=4, max_new_tokens=12, critic_updates=4,
                 critic_warmup=0, kl_coef=0.01, minibatch_size=2, checkpoint_every=1)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 import torch
-from fixtures_model import build_tiny_model
 
 from turngym.agents.base import SamplingParams
 from turngym.envs.wrappers import RevisitLimit
@@ -19,13 +18,6 @@ from turngym.trainers.sequences import pack_batch
 from turngym.types import Trajectory, Turn
 
 ENV = "tests/Guess-v0"
-
-
-@pytest.fixture
-def policy(tiny_tokenizer):
-    from turngym.agents.hf import HFPolicy
-
-    return HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
 
 
 def test_equal_group_mask_by_hand():

@@ -18,13 +18,6 @@ from turngym.types import Trajectory, Turn
 ENV = "tests/Guess-v0"
 
 
-@pytest.fixture
-def policy(tiny_tokenizer):
-    from turngym.agents.hf import HFPolicy
-
-    return HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
-
-
 def _archer_cfg(**kw):
     base = dict(iterations=2, episodes_per_iter=4, num_envs=4, max_new_tokens=12, critic_updates=4,
                 critic_warmup=0, kl_coef=0.01, minibatch_size=2, checkpoint_every=1)
