@@ -8,38 +8,12 @@ Elsewhere they skip. On a CPU each engine start takes 35-50 s.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
+from vllm_support import HAS_VLLM, build_tiny32, needs_engine, vllm_device
 
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.agents.vllm import CPU_HEAD_SIZES, check_cpu_head_size, cpu_defaults, head_dim_of, save_safetensors
 from turngym.types import Message
-
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
-
-def _vllm_device() -> str | None:
-    """``cuda``, ``cpu`` (vLLM's CPU platform) or None (no vLLM, or no device it can use)."""
-    if not HAS_VLLM:
-        return None
-    if _cuda():
-        return "cuda"
-    from vllm.platforms import current_platform
-
-    return "cpu" if current_platform.is_cpu() else None
-
-
-needs_engine = pytest.mark.skipif(_vllm_device() is None, reason="needs vLLM with CUDA or its CPU build")
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
@@ -96,9 +70,9 @@ def test_sync_folder_keeps_every_name_and_value_even_for_tied_tensors(tmp_path):
 @pytest.fixture(scope="module")
 def tiny32(tiny_tokenizer, tmp_path_factory):
     """The unit-test Llama with 2 heads of size 32 (vLLM's CPU attention has no kernel for 16)."""
-    from fixtures_model import TinyModel, build_tiny_model
+    from fixtures_model import TinyModel
 
-    model = build_tiny_model(tiny_tokenizer, num_attention_heads=2, num_key_value_heads=1)
+    model = build_tiny32(tiny_tokenizer)
     path = tmp_path_factory.mktemp("tiny32")
     model.save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)
@@ -111,7 +85,7 @@ def _convs(n):
 
 @needs_engine
 def test_cpu_engine_refuses_head_size_16_before_starting(tiny_model, tmp_path):
-    if _vllm_device() != "cpu":
+    if vllm_device() != "cpu":
         pytest.skip("the head-size check is for vLLM's CPU attention")
     from turngym.agents.vllm import VLLMPolicy
 
@@ -130,7 +104,7 @@ def test_vllm_logprobs_match_hf_scoring_and_weights_reload(tiny32, engine, monke
     from turngym.agents.vllm import VLLMPolicy
 
     tiny, path = tiny32
-    device = _vllm_device()
+    device = vllm_device()
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if engine == "multiprocess" else "0")
     pol = VLLMPolicy(str(path), dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True, max_model_len=1024)
     assert pol._inprocess() == (engine == "inprocess")

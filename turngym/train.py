@@ -213,10 +213,28 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     say = print if progress and main else (lambda *a, **k: None)
     train_kwargs = _with_split(cfg.env_kwargs, cfg.train_split)
 
+    rl_cfg = cfg.archer if cfg.algo == "archer" else cfg.pg
+    rollouts = None  # rollout_engine=vllm: one engine for the trainer's collection and every evaluation
+
+    def engine() -> Any:
+        nonlocal rollouts
+        if rollouts is None:
+            from turngym.trainers.rollout_engine import VLLMRollouts
+
+            rollouts = VLLMRollouts(policy, rl_cfg.vllm)
+        return rollouts
+
+    def generator() -> Any:
+        """Who plays: the policy itself, or the vLLM engine synced with its current weights."""
+        if rl_cfg.rollout_engine != "vllm":
+            return policy
+        engine().sync(policy.model)
+        return rollouts.policy
+
     def held_out(tag: str) -> None:
         """Evaluate on rank 0 (the others wait) and record the stage."""
         if main:
-            stages.finish(f"eval_{tag}", (evaluator or evaluate_policy)(policy, cfg, tag))
+            stages.finish(f"eval_{tag}", (evaluator or evaluate_policy)(generator(), cfg, tag))
         ctx.barrier()
         stages.reload()
 
@@ -241,12 +259,12 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
             held_out("sft")
             say(_line("after SFT", stages.data["eval_sft"]))
 
-    rl_cfg = cfg.archer if cfg.algo == "archer" else cfg.pg
     if rl_cfg.iterations > 0 and not stages.done("eval_final"):
         # The trainer resumes from its checkpoint; after a finished run (a kill came after the RL
         # stage) it only reloads the trained weights, for the final model and evaluation.
         trainer_cls = ArcherTrainer if cfg.algo == "archer" else PGTrainer
-        trainer = trainer_cls(policy, cfg.env_id, rl_cfg, env_kwargs=train_kwargs, out_dir=out / cfg.algo, ctx=ctx)
+        trainer = trainer_cls(policy, cfg.env_id, rl_cfg, env_kwargs=train_kwargs, out_dir=out / cfg.algo, ctx=ctx,
+                              rollouts=engine() if rl_cfg.rollout_engine == "vllm" else None)  # it syncs each collection
         logger = None
         if main:
             logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=has_checkpoint(out / cfg.algo / "checkpoint"))
@@ -264,6 +282,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     if rl_cfg.iterations > 0:
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
 
+    if rollouts is not None:
+        rollouts.close()
     summary = {
         "env_id": cfg.env_id, "model": cfg.model, "algo": cfg.algo, "held_out_split": cfg.eval.split,
         "held_out_episodes": cfg.eval.episodes,

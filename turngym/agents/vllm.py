@@ -95,6 +95,10 @@ class VLLMPolicy:
         self.tokenizer = self.llm.get_tokenizer()
         self.chat = ChatRenderer(self.tokenizer, resolve_template(self.tokenizer, chat_template))
 
+    def invalidate_caches(self) -> None:
+        """Drop the prefix cache (``load_weights`` already does; for callers that change weights otherwise)."""
+        self.llm.reset_prefix_cache()
+
     def sampling_params(self, sampling: SamplingParams, stops: list[str], seed: int | None):
         """vLLM ``SamplingParams`` for one row: the stop string stays in the output, ids untouched."""
         return self._vllm.SamplingParams(

@@ -147,7 +147,7 @@ def actor_update(
     """
     model.train()
     ctx = ctx or DistContext()
-    if rescore_old_logprobs(cfg.old_logprobs, model, cfg.autocast):
+    if rescore_old_logprobs(cfg.old_logprobs, model, cfg.autocast, getattr(cfg, "rollout_engine", "hf")):
         batch.old_logprobs = rescored_logprobs(model, batch, cfg)
     B = batch.input_ids.shape[0]
     params = [p for p in model.parameters() if p.requires_grad]
@@ -188,16 +188,17 @@ def actor_update(
     return {k: v / max(steps, 1) for k, v in sums.items()}
 
 
-def rescore_old_logprobs(mode: str, model: torch.nn.Module, autocast_mode: str) -> bool:
+def rescore_old_logprobs(mode: str, model: torch.nn.Module, autocast_mode: str, engine: str = "hf") -> bool:
     """Whether the PPO ratio's old log-probs are rescored with the training forward before the update.
 
     ``sampled`` keeps the log-probs recorded at sampling time; ``rescored`` recomputes them on the
-    update's precision path; ``auto`` rescores only when the update runs in bf16. Sampling in fp32
-    and scoring in bf16 put the ratio away from 1 before any update (mean |delta logp| 0.03, 0.5% of
-    tokens past the clip, measured on the quickstart), so clipping then bites on noise.
+    update's precision path; ``auto`` rescores when the update runs in bf16 or another engine
+    (``engine="vllm"``) sampled. Sampling in fp32 and scoring in bf16 put the ratio away from 1
+    before any update (mean |delta logp| 0.03, 0.5% of tokens past the clip, measured on the
+    quickstart), so clipping then bites on noise; a second engine's kernels differ the same way.
     """
     if mode == "auto":
-        return use_bf16(autocast_mode, next(model.parameters()).device.type)
+        return engine != "hf" or use_bf16(autocast_mode, next(model.parameters()).device.type)
     return mode == "rescored"
 
 

@@ -89,6 +89,11 @@ class OnlineConfig:
     sharding: str = knob("none", "none | fsdp: under torchrun, shard the actor's parameters, gradients and optimizer "
                                  "state over the ranks with FSDP2 (trainable all or top:K; see docs/scaling.md)")
     env_workers: str = knob("local", "where envs run: local | thread | subprocess | ray")
+    rollout_engine: str = knob("hf", "who generates the episodes: hf (the trained model itself) | vllm (a vLLM "
+                                     "engine synced with the trained weights before each collection; one process, "
+                                     "trainable all or top:K; see turngym/trainers/rollout_engine.py)")
+    vllm: dict = knob({}, "vLLM engine options when rollout_engine=vllm (vllm.LLM keyword arguments, plus "
+                            "kv_cache_gib; default max_model_len 4096, kv_cache_gib 4)")
     async_staleness: int = knob(-1, "-1: collect, then update; k >= 0: keep collecting on a background thread "
                                     "during updates, training on episodes at most k policy versions old")
     seed: int = knob(0, "seeds task order, sampling and minibatches")
@@ -119,6 +124,13 @@ class OnlineConfig:
             raise ValueError(f"sharding must be none or fsdp, got {self.sharding!r}")
         if self.sharding == "fsdp" and self.trainable == "lora":
             raise ValueError("sharding=fsdp supports trainable=all and top:K, not lora")
+        if self.rollout_engine not in ("hf", "vllm"):
+            raise ValueError(f"rollout_engine must be hf or vllm, got {self.rollout_engine!r}")
+        if self.rollout_engine == "vllm" and self.trainable == "lora":
+            raise ValueError("rollout_engine=vllm syncs full weights; with trainable=lora use rollout_engine=hf")
+        if self.rollout_engine == "vllm" and (self.sharding != "none" or self.async_staleness >= 0):
+            raise ValueError("rollout_engine=vllm runs in one process with synchronous collection "
+                             "(sharding=none, async_staleness=-1)")
         if self.env_workers not in ("local", "thread", "subprocess", "ray"):
             raise ValueError(f"env_workers must be local, thread, subprocess or ray, got {self.env_workers!r}")
 
@@ -207,12 +219,17 @@ class OnlineTrainer:
     name = "online"
 
     def __init__(self, policy: Any, env_id: str, cfg: OnlineConfig, *, env_kwargs: dict | None = None,
-                 out_dir: str | Path = "runs/online", ctx: DistContext | None = None) -> None:
+                 out_dir: str | Path = "runs/online", ctx: DistContext | None = None,
+                 rollouts: Any = None) -> None:
         self.policy, self.env_id, self.cfg = policy, env_id, cfg
+        self.rollouts = rollouts  # the vLLM engine (rollout_engine=vllm); built at setup when not given
         self.env_kwargs = dict(env_kwargs or {})
         self.out_dir = Path(out_dir)
         self.ckpt_dir = self.out_dir / "checkpoint"
         self.ctx = ctx or DistContext()
+        if cfg.rollout_engine == "vllm" and self.ctx.enabled:
+            raise ValueError("rollout_engine=vllm runs in one process, not under torchrun")
+        self._own_rollouts = False
         self._collector: AsyncCollector | None = None
         self.iteration = 0
         self.env_steps = 0
@@ -237,6 +254,10 @@ class OnlineTrainer:
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.reward_fn = make_reward(cfg.reward)
         self.task_ids = split_task_ids(self.env_id, self.env_kwargs)
+        if cfg.rollout_engine == "vllm" and self.rollouts is None:
+            from turngym.trainers.rollout_engine import VLLMRollouts
+
+            self.rollouts, self._own_rollouts = VLLMRollouts(self.policy, cfg.vllm), True
         self._setup_extra()
         self._ready = True
 
@@ -250,6 +271,12 @@ class OnlineTrainer:
     def collect(self, specs: list, group_size: int = 1) -> tuple[list[Trajectory], dict]:
         """Play this rank's share of ``specs`` with the current policy; in async mode, take
         ``len(specs)`` episodes from the background collector instead (the same task schedule)."""
+        if self.rollouts is not None:  # vLLM samples, from the weights of this iteration
+            synced = self.rollouts.sync(self.model, version=self.iteration)
+            trajs, metrics = collect(self.rollouts.policy, self.env_id, self.env_kwargs, specs, self.cfg, self.iteration,
+                                     ctx=self.ctx, group_size=group_size)
+            metrics["rollout/sync_seconds"] = self.rollouts.sync_seconds[-1] if synced else 0.0
+            return trajs, metrics
         if self.cfg.async_staleness < 0:
             with full_params(self.model):  # a sharded model generates from full weights, without collectives
                 return collect(self.policy, self.env_id, self.env_kwargs, specs, self.cfg, self.iteration,
@@ -302,10 +329,13 @@ class OnlineTrainer:
         return self.iteration >= self.cfg.iterations or bool(budget and self.train_seconds >= budget)
 
     def close(self) -> None:
-        """Stop the background collector, if any."""
+        """Stop the background collector, if any, and a vLLM engine this trainer started."""
         if self._collector is not None:
             self._collector.close()
             self._collector = None
+        if self._own_rollouts and self.rollouts is not None:
+            self.rollouts.close()
+            self.rollouts, self._own_rollouts = None, False
 
     # ----- the loop -------------------------------------------------------------------------
     def train(self, resume: bool = True, logger: MetricsLogger | None = None, progress: bool = True,

