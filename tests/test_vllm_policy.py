@@ -31,12 +31,16 @@ def test_module_imports_without_vllm():
     assert mod._named_tensors({"a": __import__("torch").zeros(2)})[0][0] == "a"
 
 
-def test_cpu_defaults_set_eager_and_a_kv_cache_size_unless_the_user_did():
+def test_cpu_defaults_set_eager_a_kv_cache_size_and_every_core_unless_the_user_did():
     env: dict = {}
-    assert cpu_defaults(env) == {"enforce_eager": True} and env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
-    mine = {"VLLM_CPU_KVCACHE_SPACE": "8"}
-    cpu_defaults(mine)
-    assert mine == {"VLLM_CPU_KVCACHE_SPACE": "8"}
+    assert cpu_defaults(env, cores={1, 0}) == {"enforce_eager": True}
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0,1", "OMP_NUM_THREADS": "2"}
+    mine = {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_CPU_OMP_THREADS_BIND": "0"}
+    cpu_defaults(mine, cores={0, 1})
+    assert mine == {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_CPU_OMP_THREADS_BIND": "0"}
+    threads = {"OMP_NUM_THREADS": "1"}
+    cpu_defaults(threads, cores={0, 1, 2})
+    assert threads["VLLM_CPU_OMP_THREADS_BIND"] == "0,1,2" and threads["OMP_NUM_THREADS"] == "1"
 
 
 def test_head_dim_and_the_cpu_check():

@@ -37,14 +37,28 @@ register_reward("tests/even_tokens", EvenTokens)
 
 
 def test_vllm_engine_config_is_checked_up_front():
-    with pytest.raises(ValueError, match="rollout_engine must be hf or vllm"):
-        PGConfig(rollout_engine="sglang")
+    with pytest.raises(ValueError, match="rollout_engine must be hf, vllm or auto"):
+        PGConfig(rollout_engine="sglang")  # hf, vllm or auto
     with pytest.raises(ValueError, match="trainable=lora use rollout_engine=hf"):
         PGConfig(rollout_engine="vllm", trainable="lora")
     with pytest.raises(ValueError, match="one process with synchronous collection"):
         PGConfig(rollout_engine="vllm", async_staleness=0)
     with pytest.raises(ValueError, match="one process with synchronous collection"):
         PGConfig(rollout_engine="vllm", sharding="fsdp")
+
+
+def test_auto_engine_is_vllm_only_where_installed_and_the_run_allows_it(monkeypatch):
+    import turngym.agents.vllm as vllm_mod
+    from turngym.trainers.trainer import resolve_rollout_engine
+
+    monkeypatch.setattr(vllm_mod, "vllm_available", lambda: False)
+    assert resolve_rollout_engine(PGConfig(rollout_engine="auto")).rollout_engine == "hf"
+    monkeypatch.setattr(vllm_mod, "vllm_available", lambda: True)
+    assert resolve_rollout_engine(PGConfig(rollout_engine="auto")).rollout_engine == "vllm"
+    assert resolve_rollout_engine(PGConfig(rollout_engine="hf")).rollout_engine == "hf"  # a choice stands
+    for other in ({"trainable": "lora"}, {"sharding": "fsdp"}, {"async_staleness": 1, "algo": "reinforce", "group_size": 1}):
+        assert resolve_rollout_engine(PGConfig(rollout_engine="auto", **other)).rollout_engine == "hf", other
+    assert resolve_rollout_engine(PGConfig(rollout_engine="auto"), distributed=True).rollout_engine == "hf"
 
 
 def test_auto_rescores_old_logprobs_when_another_engine_sampled(policy):

@@ -32,6 +32,7 @@ from turngym.trainers.distributed import DistContext, full_params, is_sharded, m
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
 from turngym.trainers.pg import ALGOS, PGConfig, PGTrainer
 from turngym.trainers.sft import SFTConfig, sft
+from turngym.trainers.trainer import resolve_rollout_engine
 
 
 @dataclass
@@ -213,7 +214,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     say = print if progress and main else (lambda *a, **k: None)
     train_kwargs = _with_split(cfg.env_kwargs, cfg.train_split)
 
-    rl_cfg = cfg.archer if cfg.algo == "archer" else cfg.pg
+    # auto decided once, so the trainer and the evaluations agree on the engine
+    rl_cfg = resolve_rollout_engine(cfg.archer if cfg.algo == "archer" else cfg.pg, ctx.enabled)
     rollouts = None  # rollout_engine=vllm: one engine for the trainer's collection and every evaluation
 
     def engine() -> Any:

@@ -21,6 +21,7 @@ under ``weights_lock`` so generation never sees a half-updated model.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import random
@@ -91,7 +92,8 @@ class OnlineConfig:
     env_workers: str = knob("local", "where envs run: local | thread | subprocess | ray")
     rollout_engine: str = knob("hf", "who generates the episodes: hf (the trained model itself) | vllm (a vLLM "
                                      "engine synced with the trained weights before each collection; one process, "
-                                     "trainable all or top:K; see turngym/trainers/rollout_engine.py)")
+                                     "trainable all or top:K; see turngym/trainers/rollout_engine.py) | auto (vllm "
+                                     "where it is installed and the run allows it, else hf)")
     vllm: dict = knob({}, "vLLM engine options when rollout_engine=vllm (vllm.LLM keyword arguments, plus "
                             "kv_cache_gib; default max_model_len 4096, kv_cache_gib 4)")
     async_staleness: int = knob(-1, "-1: collect, then update; k >= 0: keep collecting on a background thread "
@@ -124,8 +126,8 @@ class OnlineConfig:
             raise ValueError(f"sharding must be none or fsdp, got {self.sharding!r}")
         if self.sharding == "fsdp" and self.trainable == "lora":
             raise ValueError("sharding=fsdp supports trainable=all and top:K, not lora")
-        if self.rollout_engine not in ("hf", "vllm"):
-            raise ValueError(f"rollout_engine must be hf or vllm, got {self.rollout_engine!r}")
+        if self.rollout_engine not in ("hf", "vllm", "auto"):
+            raise ValueError(f"rollout_engine must be hf, vllm or auto, got {self.rollout_engine!r}")
         if self.rollout_engine == "vllm" and self.trainable == "lora":
             raise ValueError("rollout_engine=vllm syncs full weights; with trainable=lora use rollout_engine=hf")
         if self.rollout_engine == "vllm" and (self.sharding != "none" or self.async_staleness >= 0):
@@ -137,6 +139,19 @@ class OnlineConfig:
     def sampling(self, iteration: int) -> SamplingParams:
         # the seed depends only on (seed, iteration): a resumed run samples exactly as the original
         return SamplingParams(self.temperature, self.top_p, self.max_new_tokens, seed=self.seed * 100_003 + iteration)
+
+
+def resolve_rollout_engine(cfg: OnlineConfig, distributed: bool = False) -> OnlineConfig:
+    """``cfg`` with ``rollout_engine: auto`` decided: ``vllm`` where vLLM is installed with a device
+    it can use and the run allows it (one process, synchronous collection, full weights), else
+    ``hf``. vLLM generated the quickstart's episodes 1.56x faster than HF on this 2-core CPU
+    (docs/benchmarks.md)."""
+    if cfg.rollout_engine != "auto":
+        return cfg
+    from turngym.agents.vllm import vllm_available
+
+    allowed = not distributed and cfg.trainable != "lora" and cfg.sharding == "none" and cfg.async_staleness < 0
+    return dataclasses.replace(cfg, rollout_engine="vllm" if allowed and vllm_available() else "hf")
 
 
 def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_size: int = 1) -> list[EpisodeSpec]:
@@ -221,12 +236,13 @@ class OnlineTrainer:
     def __init__(self, policy: Any, env_id: str, cfg: OnlineConfig, *, env_kwargs: dict | None = None,
                  out_dir: str | Path = "runs/online", ctx: DistContext | None = None,
                  rollouts: Any = None) -> None:
+        self.ctx = ctx or DistContext()
+        cfg = resolve_rollout_engine(cfg, self.ctx.enabled)  # auto -> vllm or hf, once
         self.policy, self.env_id, self.cfg = policy, env_id, cfg
         self.rollouts = rollouts  # the vLLM engine (rollout_engine=vllm); built at setup when not given
         self.env_kwargs = dict(env_kwargs or {})
         self.out_dir = Path(out_dir)
         self.ckpt_dir = self.out_dir / "checkpoint"
-        self.ctx = ctx or DistContext()
         if cfg.rollout_engine == "vllm" and self.ctx.enabled:
             raise ValueError("rollout_engine=vllm runs in one process, not under torchrun")
         self._own_rollouts = False

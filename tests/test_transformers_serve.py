@@ -1,0 +1,96 @@
+"""``openai:`` against a real ``transformers serve`` (the ``serve`` extra: FastAPI, uvicorn, openai).
+
+That server returns text without token ids, so the client must say so once and keep playing with
+text-only turns (they evaluate, and are not trainable). Skips when the extra is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+from turngym.agents.base import Conversation, SamplingParams
+from turngym.types import Message
+
+SERVE_DEPS = ("fastapi", "uvicorn", "openai")
+pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in SERVE_DEPS),
+                                reason="transformers serve needs pip install 'turngym[serve]'")
+
+
+@pytest.fixture(scope="module")
+def served_tiny(tiny_model, tmp_path_factory):
+    """``transformers serve`` on the tiny model, started as a user starts it (its CLI, a subprocess)."""
+    import httpx
+
+    folder = tmp_path_factory.mktemp("tiny_served")
+    tiny_model.model.save_pretrained(folder)
+    tiny_model.tokenizer.save_pretrained(folder)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cli = shutil.which("transformers", path=os.path.dirname(sys.executable)) or shutil.which("transformers")
+    log = open(folder / "server.log", "w")
+    proc = subprocess.Popen([cli, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+                             "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180  # a hang guard for start-up, not a timing assertion
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"transformers serve exited with {proc.returncode}: {(folder / 'server.log').read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("transformers serve did not become healthy within 180 s")
+            time.sleep(0.5)
+        yield f"{url}/v1", str(folder)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_chat_turns_come_back_as_text_with_one_warning_that_ids_are_missing(served_tiny):
+    from turngym.agents.http import OpenAIPolicy
+
+    url, model = served_tiny
+    client = OpenAIPolicy(url, model, timeout_s=120)
+    convs = [Conversation([Message("user", f"Task {i}: go north.")]) for i in range(2)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = client.act(convs, SamplingParams(temperature=0.0, max_new_tokens=8))
+        second = client.act(convs, SamplingParams(temperature=0.0, max_new_tokens=8))
+    about_ids = [w for w in caught if "token ids" in str(w.message)]
+    assert len(about_ids) == 1, [str(w.message) for w in caught]  # said once, not per request
+    for u in first + second:
+        assert isinstance(u.text, str) and u.action_ids == [] and u.logprobs == [] and u.prompt_ids == []
+    assert [u.text for u in first] == [u.text for u in second]  # greedy: the server is deterministic
+
+
+def test_an_episode_plays_to_its_end_through_the_server(served_tiny):
+    from turngym.agents.http import OpenAIPolicy
+    from turngym.bench.evaluate import evaluate
+
+    url, model = served_tiny
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the text-only notice (tested above)
+        res = evaluate("tests/Guess-v0", OpenAIPolicy(url, model, timeout_s=120), episodes=2, num_envs=2,
+                       sampling=SamplingParams(temperature=0.0, max_new_tokens=8), progress=False)
+    assert len(res.trajectories) == 2
+    for traj in res.trajectories:
+        assert traj.turns and (traj.terminated or traj.truncated)  # every turn answered; the env ended it
+        assert all(t.action_ids == [] for t in traj.turns)  # text only: evaluable, not trainable
