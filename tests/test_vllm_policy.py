@@ -33,7 +33,7 @@ def test_module_imports_without_vllm():
 
 def test_cpu_defaults_set_eager_a_kv_cache_size_and_every_core_unless_the_user_did():
     env: dict = {}
-    assert cpu_defaults(env, cores={1, 0}) == {"enforce_eager": True}
+    assert cpu_defaults(env, cores={1, 0}) == {"enforce_eager": True, "enable_chunked_prefill": False}
     assert env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0,1", "OMP_NUM_THREADS": "2"}
     mine = {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_CPU_OMP_THREADS_BIND": "0"}
     cpu_defaults(mine, cores={0, 1})
@@ -125,6 +125,12 @@ def test_vllm_logprobs_match_hf_scoring_and_weights_reload(tiny32, engine, monke
     nxt = pol.act(convs, SamplingParams(temperature=0.0, max_new_tokens=8))
     for u, v in zip(out, nxt):
         assert v.prompt_ids[: len(u.prompt_ids) + len(u.action_ids)] == u.prompt_ids + u.action_ids
+    # Seeded rows whose prompts overflow one step's token budget (4096 on CPU): vllm-cpu 0.32 crashed
+    # on them with chunked prefill ("CPU Generator does not use offset"); the CPU defaults turn it off.
+    long = [Conversation([Message("user", f"{i} " + "You see a door and a chest. " * 40)]) for i in range(24)]
+    assert sum(len(pol.chat.prompt_ids(c)) for c in long) > 4096
+    many = pol.act(long, SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=4, seed=3))
+    assert len(many) == 24 and all(len(u.action_ids) == len(u.logprobs) > 0 for u in many)
     # New weights without a restart: scores must now match the perturbed model.
     original = {k: v.clone() for k, v in tiny.model.state_dict().items()}
     perturbed = {k: v.clone() for k, v in original.items()}

