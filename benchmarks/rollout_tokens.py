@@ -42,6 +42,9 @@ from turngym.agents.hf import HFPolicy  # noqa: E402
 from turngym.rollout import episode_specs, make_env_factory, rollout  # noqa: E402
 
 
+LAST_WALL = 0.0  # wall seconds of the last play(), env included
+
+
 class Timed:
     """Wraps a policy and adds up the wall time spent in ``act``."""
 
@@ -56,13 +59,16 @@ class Timed:
 
 
 def play(policy, args, sampling):
+    global LAST_WALL
     timed = Timed(policy)
     kwargs = {"split": args.split, **({"max_turns": args.max_turns} if args.max_turns else {}),
               **({"tool_format": args.tool_format} if args.tool_format else {})}
     env = make_env_factory(args.env, **kwargs)
     task_ids = env().unwrapped.task_ids
+    t0 = time.perf_counter()
     trajs = rollout(timed, env, episode_specs(task_ids[: args.episodes], args.episodes), sampling=sampling,
                     num_envs=args.episodes, progress=False)
+    LAST_WALL = time.perf_counter() - t0  # generation plus env starts and steps: what a user waits for
     tokens = sum(len(t.action_ids) for tr in trajs for t in tr.turns)
     return trajs, tokens, timed.seconds
 
@@ -177,12 +183,16 @@ def bench_vllm_vs_hf(args) -> None:
     hpol = HFPolicy(model, tok)
     hpol.act(hello, SamplingParams(temperature=0.0, max_new_tokens=4))  # warm-up outside the timed runs
     trajs_h, tok_h, sec_h = play(hpol, args, sampling)
+    wall_h = LAST_WALL
+    if args.inprocess:  # the engine in this process: no engine-core and worker processes
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     t0 = time.perf_counter()
     rollouts = VLLMRollouts(hpol, {"max_model_len": 4096})
     start_s = time.perf_counter() - t0
     vpol = rollouts.policy
     vpol.act(hello, SamplingParams(temperature=0.0, max_new_tokens=4))
     trajs_v, tok_v, sec_v = play(vpol, args, sampling)
+    wall_v = LAST_WALL
     rollouts.sync(model)
     sync_s = rollouts.sync_seconds[-1]
     rollouts.close()
@@ -192,12 +202,14 @@ def bench_vllm_vs_hf(args) -> None:
     print(f"env: {args.env} ({args.split}, {args.tool_format or 'default'} tool format), {len(trajs_h)} episodes played "
           f"at once, max_new_tokens {args.max_new_tokens}, weights {args.weights or 'embedded'}; torch threads "
           f"{torch.get_num_threads()}; vLLM engine start {start_s:.0f} s (not counted)")
-    print(f"{'backend':40s} {'turns':>6s} {'tokens':>7s} {'gen s':>8s} {'tok/s':>8s} {'s/turn':>7s} {'won':>4s}")
-    for name, turns, n, s, won in (("turngym HFPolicy (KV reuse), fp32", turns_h, tok_h, sec_h, wins[0]),
-                                   ("turngym VLLMPolicy (prefix cache), fp32", turns_v, tok_v, sec_v, wins[1])):
-        print(f"{name:40s} {turns:6d} {n:7d} {s:8.2f} {n / s:8.1f} {s / turns:7.3f} {won:4d}")
-    print(f"ratio vLLM / HF tokens/s: {(tok_v / sec_v) / (tok_h / sec_h):.2f}x; seconds per turn HF / vLLM: "
-          f"{(sec_h / turns_h) / (sec_v / turns_v):.2f}x; turns with identical greedy tokens: "
+    mode = "in-process" if args.inprocess else "multiprocess"
+    print(f"{'backend':48s} {'turns':>6s} {'tokens':>7s} {'gen s':>8s} {'tok/s':>8s} {'wall s':>8s} {'won':>4s}")
+    for name, turns, n, s, w, won in (
+            ("turngym HFPolicy (KV reuse), fp32", turns_h, tok_h, sec_h, wall_h, wins[0]),
+            (f"turngym VLLMPolicy ({mode}, prefix cache), fp32", turns_v, tok_v, sec_v, wall_v, wins[1])):
+        print(f"{name:48s} {turns:6d} {n:7d} {s:8.2f} {n / s:8.1f} {w:8.2f} {won:4d}")
+    print(f"ratio vLLM / HF tokens/s: {(tok_v / sec_v) / (tok_h / sec_h):.2f}x; wall seconds per turn (env "
+          f"included) HF / vLLM: {(wall_h / turns_h) / (wall_v / turns_v):.2f}x; turns with identical greedy tokens: "
           f"{sum(a == b for a, b in pairs)} of {len(pairs)}; one weight sync (the whole model): {sync_s:.2f} s")
 
 
@@ -212,6 +224,7 @@ def main() -> None:
     p.add_argument("--vllm", default=None, help="model path: benchmark VLLMPolicy vs raw LLM.generate instead")
     p.add_argument("--vllm-vs-hf", action="store_true", help="VLLMPolicy vs HFPolicy on the same episodes (CPU ok)")
     p.add_argument("--weights", default=None, help="a state dict (.pt) both backends play, e.g. a run's sft_model.pt")
+    p.add_argument("--inprocess", action="store_true", help="--vllm-vs-hf: run the engine in this process")
     p.add_argument("--tool-format", default="", help="the env's tool format, e.g. xml as in the quickstart")
     args = p.parse_args()
     if args.vllm_vs_hf:

@@ -55,14 +55,14 @@ def _quickstart_sft() -> SFTConfig:
 
 def _quickstart_archer() -> ArcherConfig:
     return ArcherConfig(iterations=8, episodes_per_iter=16, num_envs=16, max_new_tokens=16, trainable="top:8",
-                        actor_lr=2e-5, critic_updates=50, critic_warmup=100, kl_coef=0.01, rollout_engine="auto")
+                        actor_lr=2e-5, critic_updates=50, critic_warmup=100, kl_coef=0.01)
 
 
 def _quickstart_pg() -> PGConfig:
     return PGConfig(algo="filtered_bc", iterations=5, group_size=8, episodes_per_iter=32, num_envs=32,
                     minibatch_size=16, micro_batch_size=4, top_p=0.9, max_state_visits=3, max_new_tokens=16,
                     trainable="top:8", actor_lr=5e-5, actor_warmup_steps=2,
-                    reward=["env", {"name": "format", "unparseable": -0.1, "invalid": -0.1}], rollout_engine="auto")
+                    reward=["env", {"name": "format", "unparseable": -0.1, "invalid": -0.1}])
 
 
 @dataclass

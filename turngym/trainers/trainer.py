@@ -144,8 +144,8 @@ class OnlineConfig:
 def resolve_rollout_engine(cfg: OnlineConfig, distributed: bool = False) -> OnlineConfig:
     """``cfg`` with ``rollout_engine: auto`` decided: ``vllm`` where vLLM is installed with a device
     it can use and the run allows it (one process, synchronous collection, full weights), else
-    ``hf``. vLLM generated the quickstart's episodes 1.56x faster than HF on this 2-core CPU
-    (docs/benchmarks.md)."""
+    ``hf``. Where vLLM pays: on this 2-core CPU it generated 1.56x faster than HF on the quickstart's
+    evaluation shape, but the whole default quickstart took as long with either (docs/experiments.md)."""
     if cfg.rollout_engine != "auto":
         return cfg
     from turngym.agents.vllm import vllm_available
