@@ -9,13 +9,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 import warnings
 
 import pytest
+from local_server import running_server
 
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.types import Message
@@ -28,40 +26,17 @@ pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in
 @pytest.fixture(scope="module")
 def served_tiny(tiny_model, tmp_path_factory):
     """``transformers serve`` on the tiny model, started as a user starts it (its CLI, a subprocess)."""
-    import httpx
-
     folder = tmp_path_factory.mktemp("tiny_served")
     tiny_model.model.save_pretrained(folder)
     tiny_model.tokenizer.save_pretrained(folder)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     cli = shutil.which("transformers", path=os.path.dirname(sys.executable)) or shutil.which("transformers")
-    log = open(folder / "server.log", "w")
-    proc = subprocess.Popen([cli, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-                             "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180  # a hang guard for start-up, not a timing assertion
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited with {proc.returncode}: {(folder / 'server.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("transformers serve did not become healthy within 180 s")
-            time.sleep(0.5)
+
+    def cmd(port: int) -> list[str]:
+        return [cli, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+                "--log-level", "warning"]
+
+    with running_server(cmd, folder / "server.log", name="transformers serve", startup_s=180, poll_s=0.5) as url:
         yield f"{url}/v1", str(folder)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def test_chat_turns_come_back_as_text_with_one_warning_that_ids_are_missing(served_tiny):

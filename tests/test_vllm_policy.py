@@ -154,43 +154,19 @@ def test_vllm_logprobs_match_hf_scoring_and_weights_reload(tiny32, engine, monke
 def vllm_server(tiny32, tmp_path):
     """vLLM's OpenAI server on the head-32 tiny model, started as users start it (a subprocess)."""
     import os
-    import socket
-    import subprocess
     import sys
-    import time
 
-    import httpx
+    from local_server import running_server
 
     _, path = tiny32
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(tmp_path / "server.log", "w")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600  # a hang guard for start-up, not a timing assertion
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited with {proc.returncode}: {(tmp_path / 'server.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("vLLM server did not become healthy within 600 s")
-            time.sleep(2)
+
+    def cmd(port: int) -> list[str]:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(path), "--host",
+                "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager"]
+
+    with running_server(cmd, tmp_path / "server.log", name="vLLM server", startup_s=600, poll_s=2,
+                        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}) as url:
         yield f"{url}/v1", str(path)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @needs_engine
