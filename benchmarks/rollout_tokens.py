@@ -42,9 +42,6 @@ from turngym.agents.hf import HFPolicy  # noqa: E402
 from turngym.rollout import episode_specs, make_env_factory, rollout  # noqa: E402
 
 
-LAST_WALL = 0.0  # wall seconds of the last play(), env included
-
-
 class Timed:
     """Wraps a policy and adds up the wall time spent in ``act``."""
 
@@ -59,7 +56,7 @@ class Timed:
 
 
 def play(policy, args, sampling):
-    global LAST_WALL
+    """Returns the trajectories, sampled tokens, generation seconds, and wall seconds (env included)."""
     timed = Timed(policy)
     kwargs = {"split": args.split, **({"max_turns": args.max_turns} if args.max_turns else {}),
               **({"tool_format": args.tool_format} if args.tool_format else {})}
@@ -68,9 +65,9 @@ def play(policy, args, sampling):
     t0 = time.perf_counter()
     trajs = rollout(timed, env, episode_specs(task_ids[: args.episodes], args.episodes), sampling=sampling,
                     num_envs=args.episodes, progress=False)
-    LAST_WALL = time.perf_counter() - t0  # generation plus env starts and steps: what a user waits for
+    wall = time.perf_counter() - t0  # generation plus env starts and steps: what a user waits for
     tokens = sum(len(t.action_ids) for tr in trajs for t in tr.turns)
-    return trajs, tokens, timed.seconds
+    return trajs, tokens, timed.seconds, wall
 
 
 @torch.no_grad()
@@ -116,9 +113,9 @@ def bench_hf(args) -> None:
     for pol in (reuse, naive):  # warm up kernels and allocator once per policy
         pol.act([Conversation([Message("user", "hello")])], SamplingParams(temperature=0.0, max_new_tokens=4))
     rows = []
-    trajs_r, tok_r, sec_r = play(reuse, args, sampling)
+    trajs_r, tok_r, sec_r, _ = play(reuse, args, sampling)
     rows.append(("turngym HFPolicy, KV reuse", tok_r, sec_r, reuse.stats))
-    trajs_n, tok_n, sec_n = play(naive, args, sampling)
+    trajs_n, tok_n, sec_n, _ = play(naive, args, sampling)
     rows.append(("turngym HFPolicy, re-prefill every turn", tok_n, sec_n, naive.stats))
     env = make_env_factory(args.env, split=args.split)().unwrapped
     from turngym.tools.base import ToolRegistry
@@ -149,7 +146,7 @@ def bench_vllm(args) -> None:
 
     pol = VLLMPolicy(args.vllm, gpu_memory_utilization=0.6)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
-    trajs, tokens, seconds = play(pol, args, sampling)
+    trajs, tokens, seconds, _ = play(pol, args, sampling)
     prompts = [{"prompt_token_ids": t.prompt_ids} for tr in trajs for t in tr.turns]
     sp = vllm.SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, logprobs=0)
     t0 = time.perf_counter()
@@ -182,8 +179,7 @@ def bench_vllm_vs_hf(args) -> None:
         model.load_state_dict(torch.load(args.weights, map_location="cpu"))
     hpol = HFPolicy(model, tok)
     hpol.act(hello, SamplingParams(temperature=0.0, max_new_tokens=4))  # warm-up outside the timed runs
-    trajs_h, tok_h, sec_h = play(hpol, args, sampling)
-    wall_h = LAST_WALL
+    trajs_h, tok_h, sec_h, wall_h = play(hpol, args, sampling)
     if args.inprocess:  # the engine in this process: no engine-core and worker processes
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     t0 = time.perf_counter()
@@ -191,8 +187,7 @@ def bench_vllm_vs_hf(args) -> None:
     start_s = time.perf_counter() - t0
     vpol = rollouts.policy
     vpol.act(hello, SamplingParams(temperature=0.0, max_new_tokens=4))
-    trajs_v, tok_v, sec_v = play(vpol, args, sampling)
-    wall_v = LAST_WALL
+    trajs_v, tok_v, sec_v, wall_v = play(vpol, args, sampling)
     rollouts.sync(model)
     sync_s = rollouts.sync_seconds[-1]
     rollouts.close()

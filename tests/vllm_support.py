@@ -9,24 +9,15 @@ import pytest
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
-
 def vllm_device() -> str | None:
     """``cuda``, ``cpu`` (vLLM's CPU platform) or None (no vLLM, or no device it can use)."""
-    if not HAS_VLLM:
-        return None
-    if _cuda():
-        return "cuda"
-    from vllm.platforms import current_platform
+    from turngym.agents.vllm import vllm_available
 
-    return "cpu" if current_platform.is_cpu() else None
+    if not vllm_available():
+        return None
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 needs_engine = pytest.mark.skipif(vllm_device() is None, reason="needs vLLM with CUDA or its CPU build "

@@ -17,6 +17,7 @@ adapters would have to be merged before each sync; use ``rollout_engine: hf`` wi
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -45,8 +46,6 @@ class VLLMRollouts:
     """
 
     def __init__(self, policy: Any, vllm_kwargs: dict | None = None, folder: str | Path | None = None) -> None:
-        import os
-
         from turngym.agents.vllm import VLLMPolicy
 
         kwargs = {**DEFAULT_VLLM_KWARGS, **(vllm_kwargs or {})}
