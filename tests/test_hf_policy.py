@@ -266,9 +266,43 @@ def test_a_fresh_conversation_is_prefilled_apart_from_continuing_ones(tiny_model
     fresh = [Conversation([Message("system", "Play well."), Message("user", "A long task. " * 60)], [])]
     mixed = old + fresh
     prompts = [pol.chat.prompt_ids(c) for c in mixed]
-    assert pol._buckets(mixed, prompts) == [[0, 1, 2], [3]]
+    assert pol._buckets([pol._cache(c) for c in mixed], prompts) == [[0, 1, 2], [3]]
     for c in mixed:  # undo the prompt bookkeeping of the probe above: act asks again
         pol.chat.state(c).n_msgs = 0
     together = [u.action_ids for u in pol.act(copy.deepcopy(mixed), GREEDY)]
     alone = [pol.act([copy.deepcopy(c)], GREEDY)[0].action_ids for c in mixed]
     assert together == alone
+
+
+def _system_convs(tasks: list[str]) -> list[Conversation]:
+    system = "You play a text game. Send one command a turn, such as go north or take coin. " * 3
+    return [Conversation([Message("system", system), Message("user", t)], []) for t in tasks]
+
+
+def test_new_episodes_start_from_one_shared_prefix_and_answer_as_alone(tiny_model):
+    """Episodes that start together prefill their common system prompt once; each then answers
+    exactly as it does alone from scratch, and a later new episode reuses the kept prefix."""
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer)
+    naive = HFPolicy(tiny_model.model, tiny_model.tokenizer, reuse_cache=False)
+    tasks = ["Find the coin.", "Open the chest and take the key.", "Go east twice."]
+    together = pol.act(_system_convs(tasks), GREEDY)
+    alone = [naive.act(_system_convs([t]), GREEDY)[0] for t in tasks]
+    shared = pol.shared_prefix
+    prompt = together[0].prompt_ids
+    assert shared is not None and len(shared.ids) >= 30 and prompt[: len(shared.ids)] == shared.ids
+    for x, y in zip(together, alone):
+        assert x.prompt_ids == y.prompt_ids and x.action_ids == y.action_ids
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+    # prefix once + each row's own tail, instead of every whole prompt
+    tails = sum(len(u.prompt_ids) - len(shared.ids) for u in together)
+    assert pol.stats["prefill_tokens"] == len(shared.ids) + tails
+    assert pol.stats["reused_tokens"] == 3 * len(shared.ids)
+    before = dict(pol.stats)
+    late = pol.act(_system_convs(["Take the apple."]), GREEDY)[0]  # one new episode: reuses, no new prefix
+    assert pol.shared_prefix is shared
+    assert pol.stats["reused_tokens"] - before["reused_tokens"] == len(shared.ids)
+    assert late.action_ids == naive.act(_system_convs(["Take the apple."]), GREEDY)[0].action_ids
+    pol.invalidate_caches()  # new weights: the kept prefix is stale
+    before = dict(pol.stats)
+    pol.act(_system_convs(["Take the apple."]), GREEDY)
+    assert pol.stats["reused_tokens"] == before["reused_tokens"]

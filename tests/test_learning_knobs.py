@@ -32,6 +32,24 @@ def test_best_of_group_clones_only_a_successful_best_episode():
                                torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))  # first of the tied best
 
 
+def test_best_of_group_prefers_the_shorter_success_and_clones_k():
+    # group: returns 1.0 (6 turns), 0.9 (2 turns), 1.0 (3 turns), a failure with 0.0 (9 turns)
+    returns = torch.tensor([[1.0, 0.9, 1.0, 0.0]])
+    success = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    lengths = torch.tensor([[6, 2, 3, 9]])
+    # ranking: return first (1.0 ties broken by 3 < 6 turns), then the 0.9 episode
+    assert Fn.best_of_group_advantages(returns, success, lengths).tolist() == [[0.0, 0.0, 1.0, 0.0]]
+    assert Fn.best_of_group_advantages(returns, success, lengths, k=2).tolist() == [[1.0, 0.0, 1.0, 0.0]]
+    # k beyond the successes clones every success, never the failure
+    assert Fn.best_of_group_advantages(returns, success, lengths, k=8).tolist() == [[1.0, 1.0, 1.0, 0.0]]
+
+
+def test_best_of_group_skips_a_failed_episode_with_a_higher_return():
+    returns = torch.tensor([[0.5, 0.2, 0.3]])  # a shaped failure outscores both successes
+    success = torch.tensor([[0.0, 1.0, 1.0]])
+    assert Fn.best_of_group_advantages(returns, success).tolist() == [[0.0, 0.0, 1.0]]
+
+
 def test_token_share_by_hand():
     assert Fn.token_share([3, 1]) == [0.75, 0.25]
     assert Fn.token_share([0, 0]) == [0.0, 0.0]
@@ -43,6 +61,16 @@ def test_filtered_bc_turn_advantages():
     rewards = [[0.0, 0.0], [0.0, 1.0], [-0.1, 1.0], [0.0, 0.0]]
     cfg = PGConfig(algo="filtered_bc", group_size=2, episodes_per_iter=4)
     assert turn_advantages(trajs, rewards, cfg) == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]
+
+
+def test_filtered_bc_top_k_clones_the_shortest_successes():
+    turns = [2, 4, 1, 3]  # one group of 4: three successes with the same return, one failure
+    trajs = [Trajectory("t", [Turn("a")] * k, outcome=o) for k, o in zip(turns, (1.0, 1.0, 0.0, 1.0))]
+    rewards = [[0.0] * (k - 1) + [r] for k, r in zip(turns, (1.0, 1.0, 0.0, 1.0))]
+    cfg = PGConfig(algo="filtered_bc", group_size=4, episodes_per_iter=4, bc_top_k=2)
+    assert turn_advantages(trajs, rewards, cfg) == [[1.0] * 2, [0.0] * 4, [0.0], [1.0] * 3]
+    with pytest.raises(ValueError, match="bc_top_k"):
+        PGConfig(algo="filtered_bc", bc_top_k=0)
 
 
 class _Rooms(gym.Env):

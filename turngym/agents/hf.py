@@ -13,6 +13,9 @@ The sampling loop is our own (one forward per token over the batch) rather than
   run through the model (``conv.state["turngym.hf_kv"]``); the next turn only prefills the new env
   tokens (see ``kvcache.py``). ``reuse_cache=False`` re-prefills the whole prompt every turn
   (the baseline ``benchmarks/rollout_tokens.py`` compares against).
+- KV reuse across episodes: episodes of one env start with the same system prompt and tool
+  instructions (on TextWorld, 112 of a first prompt's ~220 tokens). The policy prefills the prefix
+  that new episodes share once, keeps it (``shared_prefix``), and starts every new episode from it.
 
 Caches are tied to the weights they were computed with: after changing the model's weights
 (a training step), call ``invalidate_caches()`` so the next turn re-prefills.
@@ -35,6 +38,7 @@ from turngym.tools.formats import get_format
 from turngym.types import Utterance
 
 KV_KEY = "turngym.hf_kv"
+MIN_SHARED_PREFIX = 16  # tokens: below this a shared prefix saves less than its own forward costs
 
 
 @dataclass
@@ -114,6 +118,7 @@ class HFPolicy:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.end_ids, default=0)
         self._keep_arg = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.epoch = 0
+        self.shared_prefix: RowCache | None = None
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "sampled_tokens": 0}
 
     def invalidate_caches(self) -> None:
@@ -134,37 +139,40 @@ class HFPolicy:
         """
         sampling = sampling or SamplingParams()
         prompts = [self.chat.prompt_ids(c) for c in conversations]
+        caches = [self._cache(c) for c in conversations]
+        if self.reuse_cache:
+            self._share_prefix([p for p, c in zip(prompts, caches) if c is None])
+            caches = [c if c is not None else self._prefix_for(p) for c, p in zip(caches, prompts)]
         out: list[Utterance | None] = [None] * len(conversations)
-        for rows in self._buckets(conversations, prompts):
+        for rows in self._buckets(caches, prompts):
             size = self.max_batch_size or len(rows)
             for i in range(0, len(rows), size):
                 chunk = rows[i : i + size]
-                utts = self._act_batch([conversations[j] for j in chunk], [prompts[j] for j in chunk], sampling)
+                utts = self._act_batch([conversations[j] for j in chunk], [prompts[j] for j in chunk],
+                                       [caches[j] for j in chunk], sampling)
                 for j, u in zip(chunk, utts):
                     out[j] = u
         return out  # type: ignore[return-value]
 
-    def _buckets(self, convs: list[Conversation], prompts: list[list[int]]) -> list[list[int]]:
+    def _buckets(self, caches: list[RowCache | None], prompts: list[list[int]]) -> list[list[int]]:
         """Rows grouped so a batch's prefill is not padded to a much longer row: an episode that
         just started needs its whole prompt prefilled (hundreds of tokens) while the others need
         only the last observation. One batch would pad every row to the longest; measured on
         TextWorld evaluation, that padding was most of the rollout's compute."""
-        new = []
-        for c, p in zip(convs, prompts):
-            cache = self._cache(c)
-            new.append(len(p) - (min(common_prefix(cache.ids, p), len(p) - 1) if cache is not None else 0))
+        new = [len(p) - (min(common_prefix(c.ids, p), len(p) - 1) if c is not None else 0) for c, p in zip(caches, prompts)]
         cut = 2 * sorted(new)[len(new) // 2] + 32
         short = [i for i, n in enumerate(new) if n <= cut]
         long = [i for i, n in enumerate(new) if n > cut]
         return [g for g in (short, long) if g]
 
-    def _act_batch(self, convs: list[Conversation], prompts: list[list[int]], sampling: SamplingParams) -> list[Utterance]:
+    def _act_batch(self, convs: list[Conversation], prompts: list[list[int]], caches: list[RowCache | None],
+                   sampling: SamplingParams) -> list[Utterance]:
         stops = [list(sampling.stop) + _format_stops(c) for c in convs]
         turns = [len(self.chat.state(c).sampling_logprobs) for c in convs]
         rows = [i for i, p in enumerate(prompts) if len(p) < self.max_len]
-        caches = [self._cache(convs[i]) for i in rows]
         gens, new_caches = self.generate(
-            [prompts[i] for i in rows], sampling, [stops[i] for i in rows], caches, [turns[i] for i in rows]
+            [prompts[i] for i in rows], sampling, [stops[i] for i in rows], [caches[i] for i in rows],
+            [turns[i] for i in rows]
         )
         results: dict[int, Generation] = dict(zip(rows, gens))
         for i, cache in zip(rows, new_caches):
@@ -186,6 +194,39 @@ class HFPolicy:
         if not self.reuse_cache or not held or held[0] != id(self) or held[1].epoch != self.epoch:
             return None
         return held[1]
+
+    def _prefix_for(self, prompt: list[int]) -> RowCache | None:
+        """The shared prefix cache when it covers enough of this new episode's prompt."""
+        held = self.shared_prefix
+        if held is None or held.epoch != self.epoch or common_prefix(held.ids, prompt) < MIN_SHARED_PREFIX:
+            return None
+        return held
+
+    def _share_prefix(self, new_prompts: list[list[int]]) -> None:
+        """Prefill the prefix that this call's new episodes share, once, when it is longer than what
+        the kept prefix already covers (a new env, a group of one task, new weights)."""
+        if len(new_prompts) < 2:
+            return
+        n = min(len(p) for p in new_prompts) - 1  # each row feeds at least its last token itself
+        for p in new_prompts[1:]:
+            n = min(n, common_prefix(new_prompts[0], p))
+        held = self.shared_prefix
+        covered = 0
+        if held is not None and held.epoch == self.epoch:
+            covered = min(common_prefix(held.ids, p) for p in new_prompts)
+        if n < MIN_SHARED_PREFIX or n <= covered:
+            return
+        self.shared_prefix = self._prefill_only(new_prompts[0][:n])
+
+    @torch.no_grad()
+    def _prefill_only(self, ids: list[int]) -> RowCache:
+        """One row's KV cache for ``ids`` (no sampling)."""
+        cache, _ = stack([None], [0], self.n_layers, len(ids))
+        attn = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
+        pos = torch.arange(len(ids), device=self.device)[None]
+        self._forward(torch.tensor([ids], device=self.device), attn, pos, cache)
+        self.stats["prefill_tokens"] += len(ids)
+        return split(cache, attn, [ids], self.epoch)[0]
 
     # ----- sampling ----------------------------------------------------------------------
     @torch.no_grad()

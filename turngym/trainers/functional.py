@@ -346,19 +346,32 @@ def equal_group_mask(returns: torch.Tensor, atol: float = 1e-8) -> torch.Tensor:
     return (returns.max(dim=-1).values - returns.min(dim=-1).values) > atol
 
 
-def best_of_group_advantages(returns: torch.Tensor, success: torch.Tensor) -> torch.Tensor:
-    """Online filtered behaviour cloning: ``A = 1`` for the best episode of each group (highest
-    return, first on ties) when it succeeded, ``0`` for every other episode.
+def best_of_group_advantages(returns: torch.Tensor, success: torch.Tensor, lengths: torch.Tensor | None = None,
+                             k: int = 1) -> torch.Tensor:
+    """Online filtered behaviour cloning: ``A = 1`` for the ``k`` best episodes of each group that
+    succeeded, ``0`` for every other episode.
+
+    Episodes rank by return (highest first), then by length (shortest first: of two successes with
+    the same return, the shorter one wandered less and is the better demonstration), then by
+    position. A group contributes fewer than ``k`` when fewer of its episodes succeeded.
 
     Args:
         returns, success: ``(G, n)``; ``success`` is 1 for a solved episode.
+        lengths: ``(G, n)`` turns per episode (None: ties go to the first).
+        k: Episodes to clone per group.
 
     Returns:
         ``(G, n)``.
     """
-    best = returns.argmax(dim=-1, keepdim=True)
-    adv = torch.zeros_like(returns).scatter_(-1, best, 1.0)
-    return adv * (success.gather(-1, best) > 0).float()
+    g, n = returns.shape
+    order = torch.arange(n).expand(g, n)
+    if lengths is not None:  # stable sorts, least important key first
+        order = lengths.gather(-1, order).argsort(dim=-1, stable=True)
+    order = order.gather(-1, (-returns.gather(-1, order)).argsort(dim=-1, stable=True))
+    ranked_success = success.gather(-1, order) > 0
+    # the rank among successes of each ranked slot: clone the first k successes
+    take = ranked_success & (ranked_success.long().cumsum(-1) <= k)
+    return torch.zeros_like(returns).scatter_(-1, order, take.to(returns.dtype))
 
 
 def token_share(tokens_per_chunk: Sequence[int]) -> list[float]:

@@ -8,8 +8,9 @@ and a reset seed (deterministic resets), so they differ only by the policy's sam
     grpo:       A = (R_i - mean_group R) / std_group R
     gigpo:      A_t = A^E(episode, as GRPO) + omega * A^S(step), where A^S normalises the
                 discounted step return G_t among steps taken from the same state_key in the group
-    filtered_bc: A = 1 on the best episode of each group if it succeeded, else 0: online
-                filtered behaviour cloning, the floor every RL method must beat
+    filtered_bc: A = 1 on the ``bc_top_k`` best successful episodes of each group (highest return,
+                then fewest turns), else 0: online filtered behaviour cloning, the floor every RL
+                method must beat
 
 Groups whose episodes all earned the same return carry no contrast; ``filter_equal_groups``
 drops them before the update (they cost a forward and backward and teach nothing).
@@ -48,6 +49,7 @@ class PGConfig(OnlineConfig):
     scale_by_std: bool = knob(True, "divide group-centred returns by the group std (GRPO, GiGPO)")
     step_weight: float = knob(1.0, "GiGPO: omega, the weight of the step-level advantage")
     filter_equal_groups: bool = knob(True, "drop groups whose episodes all earned the same return")
+    bc_top_k: int = knob(1, "filtered BC: successful episodes cloned per group (best return, then fewest turns)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -55,6 +57,8 @@ class PGConfig(OnlineConfig):
             raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
         if self.algo in ("rloo", "grpo", "gigpo", "filtered_bc") and self.group_size < 2:
             raise ValueError(f"{self.algo} needs group_size >= 2")
+        if self.bc_top_k < 1:
+            raise ValueError(f"bc_top_k must be >= 1, got {self.bc_top_k}")
 
 
 def turn_advantages(trajs: list[Trajectory], rewards: list[list[float]], cfg: PGConfig) -> list[list[float]]:
@@ -73,7 +77,8 @@ def turn_advantages(trajs: list[Trajectory], rewards: list[list[float]], cfg: PG
         return [[float(ep[i])] * len(t.turns) for i, t in enumerate(trajs)]
     if cfg.algo == "filtered_bc":
         success = torch.tensor([float(t.success) for t in trajs]).reshape(-1, n)
-        ep = Fn.best_of_group_advantages(grouped, success).reshape(-1)
+        lengths = torch.tensor([len(t.turns) for t in trajs]).reshape(-1, n)
+        ep = Fn.best_of_group_advantages(grouped, success, lengths, cfg.bc_top_k).reshape(-1)
         return [[float(ep[i])] * len(t.turns) for i, t in enumerate(trajs)]
     # gigpo: flatten steps, with discounted step returns and anchor states
     step_returns, step_episode, groups, keys = [], [], [], []
