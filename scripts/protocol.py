@@ -32,6 +32,7 @@ import torch
 
 from turngym.bench.protocol import compare_arms, held_out_eval, markdown_report, plot_curves, task_groups
 from turngym.config import apply_overrides, load_yaml
+from turngym.rollout import EnvPools
 from turngym.train import TrainConfig, load_policy, run
 from turngym.trainers.sft import sft
 
@@ -93,6 +94,7 @@ class Protocol:
         self.temperature = rl.temperature if args.temperature is None else args.temperature
         self.held_out = _split(self.base.env_kwargs, self.base.eval.split)
         self.groups = task_groups(self.base.env_id, self.held_out)
+        self.pools = EnvPools()  # the held-out envs stay open across every evaluation of this process
 
     # ----- configs and evaluation ------------------------------------------------------------
     def config(self, arm: Arm, seed: int, rl_iterations: int | None = None) -> TrainConfig:
@@ -107,7 +109,7 @@ class Protocol:
         a = self.args
         rec = held_out_eval(policy, cfg.env_id, self.held_out, games=a.games, samples=a.samples,
                             temperature=self.temperature, max_new_tokens=cfg.eval.max_new_tokens,
-                            num_envs=cfg.eval.num_envs, groups=self.groups)
+                            num_envs=cfg.eval.num_envs, groups=self.groups, pools=self.pools)
         temp = "" if rec["temp_success"] is None else f", T={self.temperature} {rec['temp_success']:.1%}"
         lo, hi = rec["success_ci95"]
         print(f"[protocol] {label}: greedy {rec['success']:.1%} [{lo:.1%}, {hi:.1%}] (n={rec['episodes']}){temp}",
@@ -189,13 +191,14 @@ class Protocol:
 
     # ----- the whole protocol -----------------------------------------------------------------
     def run_all(self) -> dict:
-        for seed in self.args.seeds:
-            sft_dir = self.run_sft(seed)
-            for arm in (a for a in self.arms if a.is_rl):
-                self.run_rl(arm, seed, sft_dir)
-            for arm in (a for a in self.arms if a.algo == "sft_continued"):
-                budget, at = self.matched_time(seed)
-                self.run_sft_continued(arm, seed, sft_dir, budget, at)
+        with self.pools:
+            for seed in self.args.seeds:
+                sft_dir = self.run_sft(seed)
+                for arm in (a for a in self.arms if a.is_rl):
+                    self.run_rl(arm, seed, sft_dir)
+                for arm in (a for a in self.arms if a.algo == "sft_continued"):
+                    budget, at = self.matched_time(seed)
+                    self.run_sft_continued(arm, seed, sft_dir, budget, at)
         return self.assemble()
 
     def matched_time(self, seed: int) -> tuple[float, list[float]]:

@@ -1,10 +1,12 @@
 import dataclasses
+import functools
 import os
 import re
 import signal
 import threading
 import time
 
+import gymnasium as gym
 import pytest
 from toy_envs import GuessEnv
 
@@ -254,3 +256,55 @@ def test_each_turn_records_the_state_its_action_was_taken_from():
     for t in trajs:
         before = [t.metadata["initial_state_key"]] + [turn.info["state_key"] for turn in t.turns[:-1]]
         assert [turn.info["anchor_state_key"] for turn in t.turns] == before and len(t.turns) > 1
+
+
+class _CountedGuess(GuessEnv):
+    built = 0
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        type(self).built += 1
+
+
+def _counted_guess(n_tasks: int):
+    return gym.wrappers.TimeLimit(_CountedGuess(n_tasks=n_tasks), max_episode_steps=12)
+
+
+def test_env_pools_keep_envs_open_across_rollouts_and_give_the_same_episodes():
+    from turngym.rollout import EnvPools
+
+    factory = functools.partial(_counted_guess, 4)
+    _CountedGuess.built = 0
+    specs = episode_specs(["1", "2", "3", "4"], 6, seed=3)
+    fresh = [rollout(RandomAgent(seed=2), factory, specs, num_envs=3, progress=False) for _ in range(2)]
+    assert _CountedGuess.built == 6  # without pools: 3 new envs per rollout
+    _CountedGuess.built = 0
+    with EnvPools() as pools:
+        kept = [rollout(RandomAgent(seed=2), factory, specs, num_envs=3, progress=False, pools=pools) for _ in range(2)]
+        assert _CountedGuess.built == 3 and len(pools) == 3  # opened once, played twice
+        rollout(RandomAgent(seed=2), factory, specs[:2], num_envs=3, progress=False, pools=pools)
+        rollout(RandomAgent(seed=2), functools.partial(_counted_guess, 4), specs, num_envs=4,
+                progress=False, pools=pools)  # an equal factory: the same pool, grown by one
+        assert _CountedGuess.built == 4 and len(pools) == 4
+        rollout(RandomAgent(seed=2), functools.partial(_counted_guess, 5), specs[:1], num_envs=1,
+                progress=False, pools=pools)  # another env: a pool of its own
+        assert len(pools) == 5
+    assert len(pools) == 0
+    for a, b in zip(fresh, kept):
+        assert [[t.action_text for t in tr.turns] for tr in a] == [[t.action_text for t in tr.turns] for tr in b]
+        assert [tr.outcome for tr in a] == [tr.outcome for tr in b]
+
+
+def test_a_rollout_that_fails_drops_its_pool():
+    from turngym.rollout import EnvPools
+
+    class Broken(RandomAgent):
+        def act(self, convs, sampling=None):
+            raise RuntimeError("policy failed")
+
+    factory = functools.partial(_counted_guess, 4)
+    with EnvPools() as pools:
+        rollout(RandomAgent(seed=2), factory, episode_specs(["1"], 2), num_envs=2, progress=False, pools=pools)
+        with pytest.raises(RuntimeError, match="policy failed"):
+            rollout(Broken(seed=2), factory, episode_specs(["1"], 2), num_envs=2, progress=False, pools=pools)
+        assert len(pools) == 0  # its handles may hold a call in flight: closed, reopened on the next use

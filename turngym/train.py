@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.bench.metrics import bootstrap_diff
 from turngym.config import apply_overrides, describe, knob, load_yaml
+from turngym.rollout import EnvPools
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
 from turngym.trainers.checkpoint import has_checkpoint
 from turngym.trainers.distributed import DistContext, full_params, is_sharded, model_state_dict
@@ -125,12 +127,12 @@ def save_final_model(policy: Any, path: Path, state_dict: dict | None = None) ->
     return path
 
 
-def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str) -> dict:
+def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str, pools: EnvPools | None = None) -> dict:
     policy.invalidate_caches()
     res = evaluate(cfg.env_id, policy, agent_name=f"{cfg.model}@{tag}", episodes=cfg.eval.episodes,
                    seed=10_000 + cfg.seed, env_kwargs=_with_split(cfg.env_kwargs, cfg.eval.split),
                    sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed),
-                   num_envs=cfg.eval.num_envs, progress=False, distinct=True)
+                   num_envs=cfg.eval.num_envs, progress=False, distinct=True, pools=pools)
     res.save(Path(cfg.output_dir) / f"eval_{tag}.json")
     # every stage plays the same held-out (task, seed) list in the same order: outcomes pair up
     return {**res.summary, "per_episode_success": [float(t.success) for t in res.trajectories]}
@@ -217,6 +219,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     # auto decided once, so the trainer and the evaluations agree on the engine
     rl_cfg = resolve_rollout_engine(cfg.archer if cfg.algo == "archer" else cfg.pg, ctx.enabled)
     rollouts = None  # rollout_engine=vllm: one engine for the trainer's collection and every evaluation
+    pools = EnvPools()  # envs stay open from one evaluation (and collection) to the next
+    evaluator = evaluator or functools.partial(evaluate_policy, pools=pools)
 
     def engine() -> Any:
         nonlocal rollouts
@@ -236,7 +240,7 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     def held_out(tag: str) -> None:
         """Evaluate on rank 0 (the others wait) and record the stage."""
         if main:
-            stages.finish(f"eval_{tag}", (evaluator or evaluate_policy)(generator(), cfg, tag))
+            stages.finish(f"eval_{tag}", evaluator(generator(), cfg, tag))
         ctx.barrier()
         stages.reload()
 
@@ -266,7 +270,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
         # stage) it only reloads the trained weights, for the final model and evaluation.
         trainer_cls = ArcherTrainer if cfg.algo == "archer" else PGTrainer
         trainer = trainer_cls(policy, cfg.env_id, rl_cfg, env_kwargs=train_kwargs, out_dir=out / cfg.algo, ctx=ctx,
-                              rollouts=engine() if rl_cfg.rollout_engine == "vllm" else None)  # it syncs each collection
+                              rollouts=engine() if rl_cfg.rollout_engine == "vllm" else None,  # it syncs each collection
+                              pools=pools)
         logger = None
         if main:
             logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=has_checkpoint(out / cfg.algo / "checkpoint"))
@@ -284,6 +289,7 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     if rl_cfg.iterations > 0:
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
 
+    pools.close()
     if rollouts is not None:
         rollouts.close()
     summary = {

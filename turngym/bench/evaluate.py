@@ -12,7 +12,7 @@ import gymnasium as gym
 
 from turngym.agents.base import Policy, SamplingParams
 from turngym.bench.metrics import summarize
-from turngym.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import EnvPools, episode_specs, make_env_factory, rollout
 from turngym.types import Trajectory
 
 
@@ -56,6 +56,7 @@ def evaluate(
     max_turns: int | None = None,
     progress: bool = True,
     distinct: bool = False,
+    pools: EnvPools | None = None,
 ) -> EvalResult:
     """Play ``episodes`` episodes of ``env_id`` with ``policy``, cycling over the split's tasks.
 
@@ -65,6 +66,7 @@ def evaluate(
         max_turns: Override the env's registered turn limit.
         distinct: Refuse to cycle: a held-out claim counts games, and a deterministic game replayed
             under another reset seed is the same game again (its CI would shrink for nothing).
+        pools: Keep the envs open for the next evaluation (see ``turngym.rollout.EnvPools``).
 
     Returns:
         An ``EvalResult`` with the summary (success and its 95% CI, per task type) and trajectories.
@@ -92,6 +94,7 @@ def evaluate(
         workers=workers,
         progress=progress,
         metadata={"env_id": env_id, "agent": agent_name},
+        pools=pools,
     )
     summary = summarize(trajs)
     summary["wall_s"] = time.perf_counter() - t0

@@ -10,9 +10,10 @@ from turngym.rollout import ray_env  # noqa: F401  (registers the "ray" env-hand
 from turngym.rollout.async_rollout import AsyncCollector, async_rollout
 from turngym.rollout.episode import EpisodeSpec, episode_specs, make_env_factory
 from turngym.rollout.handles import EnvCrashed, EnvHandle, LocalEnv, SubprocessEnv, describe_env, make_handle
+from turngym.rollout.pool import EnvPools
 from turngym.rollout.sync import rollout
 
 __all__ = [
-    "rollout", "async_rollout", "AsyncCollector", "EpisodeSpec", "episode_specs", "make_env_factory",
+    "rollout", "async_rollout", "EnvPools", "AsyncCollector", "EpisodeSpec", "episode_specs", "make_env_factory",
     "EnvCrashed", "EnvHandle", "LocalEnv", "SubprocessEnv", "describe_env", "make_handle",
 ]

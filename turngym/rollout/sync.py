@@ -22,6 +22,7 @@ from turngym.rollout.episode import (
     EpisodeSpec, Live, act_checked, apply_step, begin_episode, close_handles, end_episode, make_turn, open_handles,
     recv_result, reset_kwargs,
 )
+from turngym.rollout.pool import EnvPools
 from turngym.types import Trajectory
 
 
@@ -36,6 +37,7 @@ def rollout(
     step_timeout_s: float = 60.0,
     progress: bool = True,
     metadata: dict[str, Any] | None = None,
+    pools: EnvPools | None = None,
 ) -> list[Trajectory]:
     """Play every episode in ``specs`` with ``policy``.
 
@@ -50,6 +52,8 @@ def rollout(
         step_timeout_s: Limit for one reset/step (not enforced for ``"local"``).
         progress: Show a tqdm bar.
         metadata: Merged into every trajectory's metadata (e.g. env id, policy version).
+        pools: Keep the env handles open for the next rollout of the same env (see ``EnvPools``);
+            None opens them here and closes them on return.
 
     Returns:
         One Trajectory per spec.
@@ -59,7 +63,15 @@ def rollout(
     """
     if not specs:
         return []
-    handles = open_handles(workers, make_env, min(num_envs, len(specs)), step_timeout_s)
+    n = min(num_envs, len(specs))
+    if pools is not None:
+        key, handles = pools.handles(workers, make_env, n, step_timeout_s)
+        try:
+            return _sync_loop(policy, handles, specs, sampling, progress, metadata)
+        except BaseException:
+            pools.discard(key)  # a handle may still have a call in flight
+            raise
+    handles = open_handles(workers, make_env, n, step_timeout_s)
     try:
         return _sync_loop(policy, handles, specs, sampling, progress, metadata)
     finally:

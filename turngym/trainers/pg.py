@@ -109,9 +109,9 @@ class PGTrainer(OnlineTrainer):
 
     def __init__(self, policy: Any, env_id: str, cfg: PGConfig | None = None, *,
                  env_kwargs: dict | None = None, out_dir: str | Path = "runs/pg", ctx: DistContext | None = None,
-                 rollouts: Any = None) -> None:
+                 rollouts: Any = None, pools: Any = None) -> None:
         super().__init__(policy, env_id, cfg or PGConfig(), env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx,
-                         rollouts=rollouts)
+                         rollouts=rollouts, pools=pools)
         self.name = self.cfg.algo
 
     def step(self) -> dict[str, float]:

@@ -38,7 +38,7 @@ from turngym.agents.base import SamplingParams
 from turngym.config import knob
 from turngym.envs.wrappers import make_revisit_limited
 from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict
-from turngym.rollout import AsyncCollector, EpisodeSpec, make_env_factory, rollout
+from turngym.rollout import AsyncCollector, EnvPools, EpisodeSpec, make_env_factory, rollout
 from turngym.trainers.actor import frozen_copy, prepare_trainable, shard_model
 from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from turngym.trainers.distributed import (
@@ -167,8 +167,10 @@ def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_
 
 
 def collect(policy: Any, env_id: str, env_kwargs: dict, specs: list[EpisodeSpec], cfg: OnlineConfig, iteration: int,
-            ctx: DistContext | None = None, group_size: int = 1) -> tuple[list[Trajectory], dict]:
-    """Roll out the current policy on this rank's share of ``specs`` (all of them in one process).
+            ctx: DistContext | None = None, group_size: int = 1,
+            pools: EnvPools | None = None) -> tuple[list[Trajectory], dict]:
+    """Roll out the current policy on this rank's share of ``specs`` (all of them in one process);
+    ``pools`` keeps the envs open for the next collection.
 
     Returns:
         This rank's trajectories, and rollout metrics over every rank's episodes.
@@ -180,7 +182,7 @@ def collect(policy: Any, env_id: str, env_kwargs: dict, specs: list[EpisodeSpec]
     sampling.seed = ctx.rank_seed(sampling.seed)  # ranks playing the same task must not sample alike
     t0 = time.perf_counter()
     trajs = rollout(policy, env_factory(env_id, env_kwargs, cfg), specs, sampling=sampling,
-                    num_envs=cfg.num_envs, workers=cfg.env_workers, progress=False)
+                    num_envs=cfg.num_envs, workers=cfg.env_workers, progress=False, pools=pools)
     metrics = rollout_metrics(trajs, time.perf_counter() - t0)
     return trajs, ctx.all_reduce_metrics(metrics, weight=len(trajs), sum_keys=("rollout/env_steps", "rollout/tokens_per_s"))
 
@@ -229,13 +231,16 @@ class OnlineTrainer:
         env_kwargs: Env constructor overrides (e.g. ``{"split": "train", "tool_format": "xml"}``).
         out_dir: Checkpoints (``checkpoint/``), ``metrics.jsonl``, TensorBoard, the learning curve.
         ctx: The data-parallel context (default: single process).
+        rollouts: A vLLM engine to sample with (default: built at setup when ``rollout_engine`` says so).
+        pools: Env handles kept open across collections; shared with the caller's evaluations
+            (default: the trainer's own, closed by ``close``).
     """
 
     name = "online"
 
     def __init__(self, policy: Any, env_id: str, cfg: OnlineConfig, *, env_kwargs: dict | None = None,
                  out_dir: str | Path = "runs/online", ctx: DistContext | None = None,
-                 rollouts: Any = None) -> None:
+                 rollouts: Any = None, pools: EnvPools | None = None) -> None:
         self.ctx = ctx or DistContext()
         cfg = resolve_rollout_engine(cfg, self.ctx.enabled)  # auto -> vllm or hf, once
         self.policy, self.env_id, self.cfg = policy, env_id, cfg
@@ -246,6 +251,7 @@ class OnlineTrainer:
         if cfg.rollout_engine == "vllm" and self.ctx.enabled:
             raise ValueError("rollout_engine=vllm runs in one process, not under torchrun")
         self._own_rollouts = False
+        self.pools, self._own_pools = (pools, False) if pools is not None else (EnvPools(), True)
         self._collector: AsyncCollector | None = None
         self.iteration = 0
         self.env_steps = 0
@@ -290,13 +296,13 @@ class OnlineTrainer:
         if self.rollouts is not None:  # vLLM samples, from the weights of this iteration
             synced = self.rollouts.sync(self.model, version=self.iteration)
             trajs, metrics = collect(self.rollouts.policy, self.env_id, self.env_kwargs, specs, self.cfg, self.iteration,
-                                     ctx=self.ctx, group_size=group_size)
+                                     ctx=self.ctx, group_size=group_size, pools=self.pools)
             metrics["rollout/sync_seconds"] = self.rollouts.sync_seconds[-1] if synced else 0.0
             return trajs, metrics
         if self.cfg.async_staleness < 0:
             with full_params(self.model):  # a sharded model generates from full weights, without collectives
                 return collect(self.policy, self.env_id, self.env_kwargs, specs, self.cfg, self.iteration,
-                               ctx=self.ctx, group_size=group_size)
+                               ctx=self.ctx, group_size=group_size, pools=self.pools)
         if self._collector is None:
             self._start_collector(len(specs), group_size)
         t0 = time.perf_counter()
@@ -345,7 +351,9 @@ class OnlineTrainer:
         return self.iteration >= self.cfg.iterations or bool(budget and self.train_seconds >= budget)
 
     def close(self) -> None:
-        """Stop the background collector, if any, and a vLLM engine this trainer started."""
+        """Stop the background collector, if any, and the envs and vLLM engine this trainer started."""
+        if self._own_pools:
+            self.pools.close()
         if self._collector is not None:
             self._collector.close()
             self._collector = None
