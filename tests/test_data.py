@@ -8,7 +8,6 @@ import http.server
 import json
 import threading
 import zipfile
-from pathlib import Path
 
 import pytest
 

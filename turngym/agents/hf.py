@@ -87,6 +87,7 @@ class HFPolicy:
         reuse_cache: Keep each conversation's KV cache across turns (off for models whose cache is
             not plain full attention, see ``kvcache.supports_reuse``).
         max_batch_size: Split larger ``act`` batches into chunks of this size (None: one batch).
+        share_prefix: Prefill the prompt prefix that new episodes share once (with ``reuse_cache``).
 
     Raises:
         ValueError: the tokenizer has no usable chat template.
@@ -104,12 +105,14 @@ class HFPolicy:
         chat_template: str | None = "auto",
         reuse_cache: bool = True,
         max_batch_size: int | None = None,
+        share_prefix: bool = True,
     ) -> None:
         self.model, self.tokenizer = _load(model_or_path, tokenizer, device, dtype)
         self.model.eval()
         self.device = next(self.model.parameters()).device
         self.chat = ChatRenderer(self.tokenizer, resolve_template(self.tokenizer, chat_template))
         self.reuse_cache = bool(reuse_cache) and supports_reuse(self.model.config)
+        self.share_prefix = share_prefix and self.reuse_cache
         self.max_batch_size = max_batch_size
         cfg = self.model.config.get_text_config(decoder=True)
         self.n_layers = cfg.num_hidden_layers
@@ -140,7 +143,7 @@ class HFPolicy:
         sampling = sampling or SamplingParams()
         prompts = [self.chat.prompt_ids(c) for c in conversations]
         caches = [self._cache(c) for c in conversations]
-        if self.reuse_cache:
+        if self.share_prefix:
             self._share_prefix([p for p, c in zip(prompts, caches) if c is None])
             caches = [c if c is not None else self._prefix_for(p) for c, p in zip(caches, prompts)]
         out: list[Utterance | None] = [None] * len(conversations)
