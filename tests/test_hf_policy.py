@@ -1,4 +1,6 @@
-"""HFPolicy on the tiny random Llama: exact log-probs, batching, KV reuse, seeds, stop strings."""
+"""HFPolicy on the tiny random Llama: exact log-probs, batching, KV reuse, seeds, stop strings.
+
+Most tests run on both engines: packed forwards (the CPU default) and the padded batch."""
 
 from __future__ import annotations
 
@@ -18,9 +20,14 @@ from turngym.trainers.sequences import pack_turns
 from turngym.types import Message
 
 
-@pytest.fixture(scope="module")
-def policy(tiny_model):
-    return HFPolicy(tiny_model.model, tiny_model.tokenizer)
+ENGINES = pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["packed", "padded"])
+def policy(tiny_model, request):
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=request.param)
+    assert (pol.packed is not None) == request.param  # the tiny Llama passes the packed probe
+    return pol
 
 
 def _convs(n: int, tools=None) -> list[Conversation]:
@@ -38,10 +45,11 @@ def _extend(convs, utts, turn: int) -> None:
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 
 
-def test_rescoring_reproduces_recorded_logprobs_over_a_rollout(tiny_model):
+@ENGINES
+def test_rescoring_reproduces_recorded_logprobs_over_a_rollout(tiny_model, packed):
     """Done-criterion: score(prompt, action) == recorded logprobs within 1e-4 (fp32), every turn of
     a multi-turn tool episode played through the real rollout loop, with KV reuse on."""
-    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer)
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed)
     trajs = rollout(
         pol, make_env_factory("tests/Guess-v0", n_tasks=4), episode_specs(["1", "2", "3"], 3),
         sampling=SamplingParams(temperature=1.0, max_new_tokens=12, seed=3), num_envs=3, progress=False,
@@ -61,8 +69,9 @@ def test_rescoring_reproduces_recorded_logprobs_over_a_rollout(tiny_model):
     assert all(len(pack_turns(tr.turns)) == 1 for tr in trajs)
 
 
-def test_kv_reuse_and_batching_match_naive_one_by_one(tiny_model):
-    reuse = HFPolicy(tiny_model.model, tiny_model.tokenizer)
+@ENGINES
+def test_kv_reuse_and_batching_match_naive_one_by_one(tiny_model, packed):
+    reuse = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed)
     naive = HFPolicy(tiny_model.model, tiny_model.tokenizer, reuse_cache=False)
     a, b = _convs(3), _convs(3)
     for turn in range(4):
@@ -81,7 +90,10 @@ def test_kv_reuse_and_batching_match_naive_one_by_one(tiny_model):
         owner, cache = c.state[KV_KEY]
         st = c.state[STATE_KEY]
         assert owner == id(reuse) and cache.ids == st.ids[:-1]
-        assert all(k.shape[1] == len(cache.ids) for k, _ in cache.layers)
+        if packed:  # one buffer per layer with room to grow, owned by this conversation
+            assert cache.owner == id(c) and cache.capacity >= len(cache.ids)
+        else:
+            assert all(k.shape[1] == len(cache.ids) for k, _ in cache.layers)
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_batching(policy):
@@ -260,7 +272,7 @@ def test_exponential_race_samples_with_the_right_frequencies():
 def test_a_fresh_conversation_is_prefilled_apart_from_continuing_ones(tiny_model):
     """A batch mixing episodes that just started (whole prompt to prefill) with continuing ones (a
     short observation on top of their KV cache) is split in two, and answers as each would alone."""
-    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer)
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=False)
     old = _convs(3)
     _extend(old, pol.act(old, GREEDY), 1)
     fresh = [Conversation([Message("system", "Play well."), Message("user", "A long task. " * 60)], [])]
@@ -279,10 +291,11 @@ def _system_convs(tasks: list[str]) -> list[Conversation]:
     return [Conversation([Message("system", system), Message("user", t)], []) for t in tasks]
 
 
-def test_new_episodes_start_from_one_shared_prefix_and_answer_as_alone(tiny_model):
+@ENGINES
+def test_new_episodes_start_from_one_shared_prefix_and_answer_as_alone(tiny_model, packed):
     """Episodes that start together prefill their common system prompt once; each then answers
     exactly as it does alone from scratch, and a later new episode reuses the kept prefix."""
-    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer)
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed)
     naive = HFPolicy(tiny_model.model, tiny_model.tokenizer, reuse_cache=False)
     tasks = ["Find the coin.", "Open the chest and take the key.", "Go east twice."]
     together = pol.act(_system_convs(tasks), GREEDY)
@@ -306,3 +319,56 @@ def test_new_episodes_start_from_one_shared_prefix_and_answer_as_alone(tiny_mode
     before = dict(pol.stats)
     pol.act(_system_convs(["Take the apple."]), GREEDY)
     assert pol.stats["reused_tokens"] == before["reused_tokens"]
+
+
+def test_packed_and_padded_engines_play_the_same_tokens(tiny_model):
+    """Rows of different lengths, some finishing early: the packed engine samples what the padded
+    batch samples (seeded T=1), with the same raw log-probs, turn after turn."""
+    sp = SamplingParams(temperature=1.0, max_new_tokens=9, seed=11)
+    runs = {}
+    for packed in (True, False):
+        pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed)
+        convs, out = _convs(4), []
+        for turn in range(3):
+            utts = pol.act(convs, sp)
+            out.append(utts)
+            _extend(convs, utts, turn)
+        runs[packed] = out
+    for a, b in zip(runs[True], runs[False]):
+        assert [u.action_ids for u in a] == [u.action_ids for u in b]
+        for x, y in zip(a, b):
+            torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4, rtol=0)
+
+
+def test_a_copied_conversation_never_writes_into_its_originals_cache(tiny_model):
+    """Packed caches grow in place, so only their owner appends: a copy of a conversation (a fork)
+    copies the cache first, and both continue exactly as they would alone."""
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=True)
+    conv = _convs(1)
+    _extend(conv, pol.act(conv, GREEDY), 0)
+    fork = copy.deepcopy(conv)
+    fork[0].messages[-1] = Message("user", "A different room.")
+    a, b = pol.act(conv, GREEDY)[0], pol.act(fork, GREEDY)[0]
+    naive = HFPolicy(tiny_model.model, tiny_model.tokenizer, reuse_cache=False)
+    assert a.action_ids == naive.act(copy.deepcopy(conv), GREEDY)[0].action_ids
+    assert b.action_ids == naive.act(copy.deepcopy(fork), GREEDY)[0].action_ids
+
+
+def test_a_model_the_packed_loop_does_not_match_falls_back_to_padded(tiny_model):
+    """The packed probe compares logits with the model's own forward: a layer computing something
+    else (here, a decoder layer that scales its input) fails it, and the policy uses the padded batch."""
+    from turngym.agents.packed import PackedLM
+
+    model = copy.deepcopy(tiny_model.model)
+    assert PackedLM.build(model) is not None
+    layer = model.model.layers[0]
+    plain = type(layer).forward
+    type_ = type("ScaledLayer", (type(layer),), {"forward": lambda self, h, *a, **k: plain(self, 2 * h, *a, **k)})
+    layer.__class__ = type_
+    assert PackedLM.build(model) is None
+    pol = HFPolicy(model, tiny_model.tokenizer, packed=True)
+    assert pol.packed is None
+    u = pol.act(_convs(1), GREEDY)[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([u.prompt_ids + u.action_ids])).logits[0, len(u.prompt_ids) - 1 : -1]
+    assert logits.argmax(-1).tolist() == u.action_ids

@@ -16,6 +16,9 @@ The sampling loop is our own (one forward per token over the batch) rather than
 - KV reuse across episodes: episodes of one env start with the same system prompt and tool
   instructions (on TextWorld, 112 of a first prompt's ~220 tokens). The policy prefills the prefix
   that new episodes share once, keeps it (``shared_prefix``), and starts every new episode from it.
+- packed forwards (``packed.py``, the CPU default): a batch's new tokens run as one unpadded
+  sequence, each conversation attending to its own growing cache. The padded batch (``packed=False``,
+  the GPU default, where one big kernel beats many small ones) pads rows to the longest.
 
 Caches are tied to the weights they were computed with: after changing the model's weights
 (a training step), call ``invalidate_caches()`` so the next turn re-prefills.
@@ -32,6 +35,7 @@ import torch
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.agents.chat import ChatRenderer, chatml_tools_template
 from turngym.agents.kvcache import RowCache, common_prefix, split, stack, supports_reuse
+from turngym.agents.packed import PackedLM, SlotCache
 from turngym.agents.sampling import StopChecker, make_generators, row_seeds, sample_next
 from turngym.tools.base import ToolRegistry
 from turngym.tools.formats import get_format
@@ -88,6 +92,8 @@ class HFPolicy:
             not plain full attention, see ``kvcache.supports_reuse``).
         max_batch_size: Split larger ``act`` batches into chunks of this size (None: one batch).
         share_prefix: Prefill the prompt prefix that new episodes share once (with ``reuse_cache``).
+        packed: Run forwards unpadded, one KV buffer per conversation (``packed.PackedLM``); ``None``
+            = on a CPU. Used only with ``reuse_cache`` and when the model passes the packed probe.
 
     Raises:
         ValueError: the tokenizer has no usable chat template.
@@ -106,6 +112,7 @@ class HFPolicy:
         reuse_cache: bool = True,
         max_batch_size: int | None = None,
         share_prefix: bool = True,
+        packed: bool | None = None,
     ) -> None:
         self.model, self.tokenizer = _load(model_or_path, tokenizer, device, dtype)
         self.model.eval()
@@ -121,8 +128,25 @@ class HFPolicy:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.end_ids, default=0)
         self._keep_arg = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.epoch = 0
-        self.shared_prefix: RowCache | None = None
+        self.shared_prefix: RowCache | SlotCache | None = None
+        if packed is None:
+            packed = self.device.type == "cpu"
+        self.use_packed = bool(packed) and self.reuse_cache
+        self._packed: PackedLM | None = None
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "sampled_tokens": 0}
+
+    @property
+    def packed(self) -> PackedLM | None:
+        """The packed engine over the current ``self.model`` (rebuilt when a stage swaps the model
+        object, e.g. a LoRA merge), or ``None``: packed off, an FSDP-sharded model, or a model that
+        failed the probe."""
+        if not self.use_packed or _is_fsdp(self.model):
+            return None
+        if self._packed is None or self._packed.model is not self.model:
+            self._packed = PackedLM.build(self.model)
+            if self._packed is None:
+                self.use_packed = False
+        return self._packed
 
     def invalidate_caches(self) -> None:
         """Forget every conversation's KV cache (call after the weights change)."""
@@ -161,7 +185,10 @@ class HFPolicy:
         """Rows grouped so a batch's prefill is not padded to a much longer row: an episode that
         just started needs its whole prompt prefilled (hundreds of tokens) while the others need
         only the last observation. One batch would pad every row to the longest; measured on
-        TextWorld evaluation, that padding was most of the rollout's compute."""
+        TextWorld evaluation, that padding was most of the rollout's compute. Packed forwards pad
+        nothing: one group."""
+        if self.packed is not None:
+            return [list(range(len(prompts)))]
         new = [len(p) - (min(common_prefix(c.ids, p), len(p) - 1) if c is not None else 0) for c, p in zip(caches, prompts)]
         cut = 2 * sorted(new)[len(new) // 2] + 32
         short = [i for i, n in enumerate(new) if n <= cut]
@@ -175,7 +202,7 @@ class HFPolicy:
         rows = [i for i, p in enumerate(prompts) if len(p) < self.max_len]
         gens, new_caches = self.generate(
             [prompts[i] for i in rows], sampling, [stops[i] for i in rows], [caches[i] for i in rows],
-            [turns[i] for i in rows]
+            [turns[i] for i in rows], owners=[id(convs[i]) for i in rows]
         )
         results: dict[int, Generation] = dict(zip(rows, gens))
         for i, cache in zip(rows, new_caches):
@@ -192,16 +219,20 @@ class HFPolicy:
             ))
         return out
 
-    def _cache(self, conv: Conversation) -> RowCache | None:
+    def _cache(self, conv: Conversation) -> RowCache | SlotCache | None:
         held = conv.state.get(KV_KEY)
-        if not self.reuse_cache or not held or held[0] != id(self) or held[1].epoch != self.epoch:
+        if not self.reuse_cache or not held or held[0] != id(self) or not self._usable(held[1]):
             return None
         return held[1]
 
-    def _prefix_for(self, prompt: list[int]) -> RowCache | None:
+    def _usable(self, cache: RowCache | SlotCache) -> bool:
+        """Made with the current weights, by the engine (packed or padded) that runs now."""
+        return cache.epoch == self.epoch and isinstance(cache, SlotCache) == (self.packed is not None)
+
+    def _prefix_for(self, prompt: list[int]) -> RowCache | SlotCache | None:
         """The shared prefix cache when it covers enough of this new episode's prompt."""
         held = self.shared_prefix
-        if held is None or held.epoch != self.epoch or common_prefix(held.ids, prompt) < MIN_SHARED_PREFIX:
+        if held is None or not self._usable(held) or common_prefix(held.ids, prompt) < MIN_SHARED_PREFIX:
             return None
         return held
 
@@ -215,20 +246,25 @@ class HFPolicy:
             n = min(n, common_prefix(new_prompts[0], p))
         held = self.shared_prefix
         covered = 0
-        if held is not None and held.epoch == self.epoch:
+        if held is not None and self._usable(held):
             covered = min(common_prefix(held.ids, p) for p in new_prompts)
         if n < MIN_SHARED_PREFIX or n <= covered:
             return
         self.shared_prefix = self._prefill_only(new_prompts[0][:n])
 
     @torch.no_grad()
-    def _prefill_only(self, ids: list[int]) -> RowCache:
+    def _prefill_only(self, ids: list[int]) -> RowCache | SlotCache:
         """One row's KV cache for ``ids`` (no sampling)."""
+        self.stats["prefill_tokens"] += len(ids)
+        packed = self.packed
+        if packed is not None:
+            cache = packed.new_cache(self.epoch, len(ids))
+            packed.forward([cache], [ids])
+            return cache
         cache, _ = stack([None], [0], self.n_layers, len(ids))
         attn = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
         pos = torch.arange(len(ids), device=self.device)[None]
         self._forward(torch.tensor([ids], device=self.device), attn, pos, cache)
-        self.stats["prefill_tokens"] += len(ids)
         return split(cache, attn, [ids], self.epoch)[0]
 
     # ----- sampling ----------------------------------------------------------------------
@@ -238,9 +274,10 @@ class HFPolicy:
         prompts: list[list[int]],
         sampling: SamplingParams,
         stops: list[list[str]] | None = None,
-        caches: list[RowCache | None] | None = None,
+        caches: list[RowCache | SlotCache | None] | None = None,
         turns: list[int] | None = None,
-    ) -> tuple[list[Generation], list[RowCache | None]]:
+        owners: list[int] | None = None,
+    ) -> tuple[list[Generation], list[RowCache | SlotCache | None]]:
         """Sample one action per prompt from token ids (the engine under ``act``).
 
         Args:
@@ -249,6 +286,8 @@ class HFPolicy:
             stops: Stop strings per row (kept in the ids and text).
             caches: Per row, a cache whose ids may prefix the prompt (reused up to the common prefix).
             turns: Per row, the turn index (mixed into the per-row seed).
+            owners: Per row, who owns its cache (``id`` of its conversation): a packed cache is
+                appended to in place only by its owner; other rows copy it first.
 
         Returns:
             ``(generations, new_caches)``; the caches are ``None`` unless ``reuse_cache``.
@@ -259,6 +298,9 @@ class HFPolicy:
         caches = caches or [None] * b
         reuse = [min(common_prefix(c.ids, p), len(p) - 1) if c is not None else 0 for c, p in zip(caches, prompts)]
         caps = [max(1, min(sampling.max_new_tokens, self.max_len - len(p))) for p in prompts]
+        if self.packed is not None:
+            return self._generate_packed(prompts, sampling, stops or [[]] * b, caches, reuse, caps,
+                                         turns or [0] * b, owners or [0] * b)
         cache, attn, logits = self._prefill(prompts, caches, reuse, max(caps))
         gens, attn = self._decode(prompts, sampling, stops or [[]] * b, turns or [0] * b, caps, cache, attn, logits)
         new: list[RowCache | None] = [None] * b
@@ -313,6 +355,42 @@ class HFPolicy:
         self.stats["sampled_tokens"] += sum(len(g.action_ids) for g in gens)
         return gens, attn
 
+    def _generate_packed(self, prompts, sampling, stops, caches, reuse, caps, turns, owners):
+        """``generate`` on ``PackedLM``: rows own their caches and only live rows are fed."""
+        engine = self.packed
+        rows = []
+        for p, c, r, cap, owner in zip(prompts, caches, reuse, caps, owners):
+            room = len(p) + cap
+            if c is None:
+                rows.append(engine.new_cache(self.epoch, room, owner))
+            elif owner and c.owner == owner:  # this conversation's own buffer: cut back to what is reused
+                del c.ids[r:]
+                rows.append(c)
+            else:  # the shared prefix, or a cache someone else may still extend
+                rows.append(engine.fork(c, r, room, owner))
+        logits = engine.forward(rows, [p[r:] for p, r in zip(prompts, reuse)])
+        self.stats["prefill_tokens"] += sum(len(p) - r for p, r in zip(prompts, reuse))
+        self.stats["reused_tokens"] += sum(reuse)
+        gens = [Generation() for _ in prompts]
+        checkers = [StopChecker(self.tokenizer, s) for s in stops]
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+        generators = make_generators(row_seeds(seed, prompts, turns), self.device) if sampling.temperature > 0 else None
+        live = list(range(len(prompts)))
+        for _ in range(max(caps)):
+            gen = [generators[i] for i in live] if generators is not None else None
+            tok, raw, samp = sample_next(logits, sampling.temperature, sampling.top_p, gen)
+            fed = []
+            for i, t, lr, ls in zip(live, tok.tolist(), raw.tolist(), samp.tolist()):
+                if self._push(gens[i], t, lr, ls, checkers[i], caps[i]):
+                    fed.append((i, t))
+            self.stats["decode_steps"] += 1
+            if not fed:
+                break
+            live = [i for i, _ in fed]
+            logits = engine.forward([rows[i] for i in live], [[t] for _, t in fed])
+        self.stats["sampled_tokens"] += sum(len(g.action_ids) for g in gens)
+        return gens, rows if self.reuse_cache else [None] * len(prompts)
+
     def _push(self, g: Generation, tok: int, raw: float, samp: float, stop: StopChecker, cap: int) -> bool:
         """Record one sampled token; False when the row is done."""
         g.action_ids.append(tok)
@@ -366,6 +444,12 @@ class HFPolicy:
     def score(self, prompt_ids: Sequence[int], action_ids: Sequence[int]) -> list[float]:
         """Raw log-probs of ``action_ids`` after ``prompt_ids`` (see ``score_batch``)."""
         return self.score_batch([prompt_ids], [action_ids])[0]
+
+
+def _is_fsdp(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 def _format_stops(conv: Conversation) -> list[str]:
