@@ -1,7 +1,7 @@
 """ArCHer's wiring, checked on numbers worked by hand: the replay transitions a packed batch gives
-(reward, done, next state), the replay buffer, and the TD loss the trainer and the probe script run;
-then, on the tiny model, when the advantages are computed, the fresh-action V target and the
-oracle-move AUC."""
+(reward, done, next state), the replay buffer, the critic's windows, and the TD loss the trainer and
+the probe script run; then, on the tiny model, when the advantages are computed, the fresh-action V
+target, the oracle-move AUC, and the critic's own top blocks (critic_encoder=top:K)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from torch.testing import assert_close
 import turngym
 from turngym.trainers import archer
 from turngym.trainers import functional as Fn
+from turngym.trainers.actor import frozen_copy, reference_pass
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer, ReplayBuffer, UtteranceCritic, make_target, td_loss
+from turngym.trainers.critic_encoder import TrunkTopEncoder
+from turngym.trainers.sequences import pack_batch
 from turngym.types import Trajectory, Turn
 
 ENV = "tests/Guess-v0"
@@ -59,7 +62,7 @@ def test_replay_buffer_is_a_ring_and_samples_whole_transitions():
     assert len(buf) == 2 and buf.ptr == 2
     _fill(buf, [3.0, 4.0])  # 4 overwrites the oldest slot
     assert len(buf) == 3 and buf.ptr == 1
-    assert_close(buf.s[:, 0], t([4.0, 2.0, 3.0]))
+    assert_close(buf.data["s"][:, 0], t([4.0, 2.0, 3.0]))
     b = buf.sample(16)
     assert set(b["reward"].tolist()) <= {2.0, 3.0, 4.0}
     assert_close(b["sa"][:, 0], b["reward"] * 10)  # every field comes from the same transition
@@ -74,6 +77,52 @@ def test_replay_buffer_resumes_with_the_same_contents_and_sampling():
     again.load_state_dict(buf.state_dict())
     assert (len(again), again.ptr) == (3, 3)
     assert_close(again.sample(8)["reward"], buf.sample(8)["reward"])
+
+
+def _windows(v):
+    """Windows of width 2 and size 1 made from values ``v``: states ``v, 2v``, positions ``v, v+1``."""
+    return v[:, None, None] * t([1.0, 2.0])[None, :, None], v.long()[:, None] + torch.tensor([0, 1])
+
+
+def test_replay_buffer_grows_as_it_fills_and_keeps_windows_whole():
+    buf = ReplayBuffer(capacity=5, feat_dim=1, seed=0)
+    assert buf.data == {}  # nothing is allocated before the first transition
+    for values in ([1.0, 2.0], [3.0], [4.0, 5.0, 6.0]):
+        v = t(values)
+        buf.add(_windows(v), _windows(v * 10), v, torch.zeros(len(v)), _windows(v * 100))
+        if values == [3.0]:
+            assert buf.data["s"].shape == (4, 2, 1)  # 2 rows doubled to 4
+    assert buf.data["s"].shape == (5, 2, 1) and buf.data["s_pos"].dtype == torch.long  # capped at capacity
+    assert len(buf) == 5 and buf.ptr == 1
+    b = buf.sample(16)
+    (s, s_pos), (sa, _) = b["s"], b["sa"]
+    assert set(b["reward"].tolist()) <= {2.0, 3.0, 4.0, 5.0, 6.0}  # 6 overwrote 1
+    assert_close(s[:, 1, 0], 2 * b["reward"])
+    assert_close(s_pos, b["reward"].long()[:, None] + torch.tensor([0, 1]))
+    assert_close(sa[:, 0, 0], 10 * b["reward"])
+    again = ReplayBuffer(capacity=5, feat_dim=1, seed=7)
+    again.load_state_dict(buf.state_dict())
+    assert_close(again.sample(8)["next_s"][1], buf.sample(8)["next_s"][1])
+    with pytest.raises(ValueError, match="fields"):
+        buf.add(t([[1.0]]), t([[1.0]]), t([1.0]), t([0.0]), t([[1.0]]))  # features into a buffer of windows
+
+
+def test_windows_gather_the_last_w_states_by_hand():
+    hidden = torch.arange(1.0, 9.0).reshape(2, 4, 1)  # row 0: 1 2 3 4, row 1: 5 6 7 8
+    states, pos = Fn.gather_windows(hidden, torch.tensor([[0, 1], [1, 3]]), width=3)
+    # row 0 ends at position 1: one slot before the sequence's start; row 1 ends at 3: positions 1..3
+    assert_close(pos, torch.tensor([[-1, 0, 1], [1, 2, 3]]))
+    assert_close(states[..., 0], t([[0.0, 1.0, 2.0], [6.0, 7.0, 8.0]]))  # padding slots hold zeros
+    assert_close(Fn.window_positions(torch.tensor([0, 5]), 2), torch.tensor([[-1, 0], [4, 5]]))
+
+
+def test_window_attention_mask_is_causal_over_real_tokens_by_hand():
+    T, F = True, False
+    padded = Fn.window_attention_mask(torch.tensor([[-1, -1, 0, 1]]))
+    # padding queries see only themselves (a finite softmax), real queries the real keys up to them
+    assert torch.equal(padded, torch.tensor([[[[T, F, F, F], [F, T, F, F], [F, F, T, F], [F, F, T, T]]]]))
+    full = Fn.window_attention_mask(torch.tensor([[4, 5, 6]]))
+    assert torch.equal(full, torch.tensor([[[[T, F, F], [T, T, F], [T, T, T]]]]))
 
 
 def _constant_critic(q1: float, q2: float, v: float) -> UtteranceCritic:
@@ -122,7 +171,7 @@ def test_replay_buffer_keeps_fresh_action_features_with_their_transition():
     assert_close(b["fresh_sa"][:, 0], -b["reward"])
     again = ReplayBuffer(capacity=4, feat_dim=1, fresh_action=True)
     again.load_state_dict(buf.state_dict())
-    assert_close(again.fresh_sa, buf.fresh_sa)
+    assert_close(again.data["fresh_sa"], buf.data["fresh_sa"])
     with pytest.raises(ValueError, match="fresh_sa"):
         buf.add(v[:, None], v[:, None], v, torch.zeros(2), v[:, None])
 
@@ -232,9 +281,9 @@ def test_fresh_action_v_target_stores_a_prime_and_resumes_exactly(policy, tiny_t
     full = make("full", 2)
     t0 = time.perf_counter()
     rows = full.train(progress=False)
-    n = len(full.buffer)
-    assert n > 0 and full.buffer.fresh_sa[:n].abs().sum() > 0
-    assert not torch.equal(full.buffer.fresh_sa[:n], full.buffer.sa[:n])  # a' is not the recorded action
+    n, data = len(full.buffer), full.buffer.data
+    assert n > 0 and data["fresh_sa"][:n].abs().sum() > 0
+    assert not torch.equal(data["fresh_sa"][:n], data["sa"][:n])  # a' is not the recorded action
     print(f"fresh_action: 2 iterations in {time.perf_counter() - t0:.2f}s")
     make("killed", 1).train(progress=False)
     resumed = make("killed", 2)
@@ -242,4 +291,74 @@ def test_fresh_action_v_target_stores_a_prime_and_resumes_exactly(policy, tiny_t
     resumed.load(tmp_path / "killed" / "checkpoint")
     nxt = resumed.step()
     for key in ("rollout/return", "critic/q_loss", "critic/v_loss", "actor/pg_loss", "adv/mean"):
+        assert nxt[key] == pytest.approx(rows[1][key], rel=1e-5, abs=1e-6), key
+
+
+# ----- the critic's own top blocks (critic_encoder=top:K) -----------------------------------------
+@pytest.mark.parametrize("k", [1, 2])
+def test_top_k_encoder_over_a_whole_prefix_is_the_reference_final_hidden_state(tiny_model, k):
+    ref = frozen_copy(tiny_model.model)
+
+    def turn(prompt, action):
+        return Turn("x", prompt_ids=prompt, action_ids=action, action_logprobs=[0.0] * len(action))
+
+    first = [11, 12, 13, 14, 15]
+    trajs = [Trajectory("a", turns=[turn(first, [16, 17]), turn(first + [16, 17, 18, 19], [20, 21, 22])]),
+             Trajectory("b", turns=[turn([31, 32], [33])])]  # a shorter row: right padding in the batch
+    batch = pack_batch(trajs, pad_id=0)
+    encoder = TrunkTopEncoder(ref, k)
+    _, final = reference_pass(ref, batch, True)
+    _, trunk = reference_pass(ref, batch, True, hidden_layer=encoder.trunk_layer)
+    at = torch.cat([batch.state_pos, batch.action_pos])
+    width = batch.input_ids.shape[1] + 2  # every window covers its whole prefix, after padding slots
+    with torch.no_grad():
+        phi = encoder(*Fn.gather_windows(trunk, at, width))
+        short = encoder(*Fn.gather_windows(trunk, at, 2))
+    assert_close(phi, final[at[:, 0], at[:, 1]], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(short, phi, atol=1e-3)  # a 2-token window does see less (the test has teeth)
+
+
+def _top_cfg(**kw):
+    return _cfg(critic_encoder="top:1", critic_window=8, critic_batch_size=16, **kw)
+
+
+def test_top_k_critic_trains_its_own_blocks_and_leaves_the_reference(policy, tmp_path):
+    trainer = ArcherTrainer(policy, ENV, _top_cfg(advantage="gae"), out_dir=tmp_path)
+    trainer.setup()
+    encoder, ref = trainer.critic.encoder, trainer.ref
+    assert encoder.trunk_layer == 1 and trainer.critic_opt.param_groups[1]["lr"] == 1e-5
+    assert all(torch.equal(a, b) for a, b in zip(encoder.blocks[0].parameters(), ref.model.layers[1].parameters()))
+    ref_before, enc_before = copy.deepcopy(ref.state_dict()), copy.deepcopy(encoder.state_dict())
+    target_before = copy.deepcopy(trainer.critic_target.encoder.state_dict())
+    row = trainer.step()
+    assert math.isfinite(row["critic/q_loss"]) and row["actor/active"] == 1.0
+    after, target_after = encoder.state_dict(), trainer.critic_target.encoder.state_dict()
+    assert all(not torch.equal(v, after[k]) for k, v in enc_before.items())  # every block weight and the norm
+    assert any(not torch.equal(v, target_after[k]) for k, v in target_before.items())  # Polyak-averaged
+    assert all(torch.equal(v, ref.state_dict()[k]) for k, v in ref_before.items())
+    s, pos = trainer.buffer.sample(3)["s"]
+    assert s.shape == (3, 8, 64) and pos.shape == (3, 8)
+    with pytest.raises(ValueError, match="token_baseline"):
+        _top_cfg(token_baseline=True)
+    with pytest.raises(ValueError, match="top:K"):
+        _cfg(critic_encoder="top:x")
+
+
+def test_top_k_critic_with_fresh_actions_resumes_exactly(tiny_tokenizer, tmp_path):
+    from turngym.agents.hf import HFPolicy
+
+    def make(out, iterations):
+        pol = HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
+        cfg = _top_cfg(v_target="fresh_action", advantage="td", iterations=iterations, episodes_per_iter=2, num_envs=2)
+        return ArcherTrainer(pol, ENV, cfg, out_dir=tmp_path / out)
+
+    rows = make("full", 2).train(progress=False)
+    make("killed", 1).train(progress=False)
+    resumed = make("killed", 2)
+    resumed.setup()
+    resumed.load(tmp_path / "killed" / "checkpoint")
+    assert len(resumed.critic_opt.state) == len(list(resumed.critic.parameters()))  # the encoder's Adam moments too
+    assert resumed.buffer.data["fresh_sa_pos"].shape[1:] == (8,)  # a' is stored as a window too
+    nxt = resumed.step()
+    for key in ("critic/q_loss", "critic/v_loss", "critic/td_error", "actor/pg_loss", "adv/mean"):
         assert nxt[key] == pytest.approx(rows[1][key], rel=1e-5, abs=1e-6), key

@@ -115,11 +115,12 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def reference_pass(ref: torch.nn.Module, batch: PackedBatch, hidden: bool, mode: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Reference log-probs ``(M,)`` of the policy tokens, and final hidden states ``(B, T, H)``
-    (fp32) if asked."""
+def reference_pass(ref: torch.nn.Module, batch: PackedBatch, hidden: bool, mode: str = "none",
+                   hidden_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Reference log-probs ``(M,)`` of the policy tokens, and hidden states ``(B, T, H)`` (fp32) if
+    asked: the final ones, or the input of block ``hidden_layer`` (``sequences.score``)."""
     with autocast(ref, mode):
-        out = score(ref, batch, hidden=hidden)
+        out = score(ref, batch, hidden=hidden, hidden_layer=hidden_layer)
     return out.logprobs.float(), None if out.hidden is None else out.hidden.float()
 
 

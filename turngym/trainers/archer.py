@@ -24,17 +24,24 @@ critic updates) -> log and checkpoint.
 An episode that ends by the turn limit is treated as terminal: the limit is part of the task
 (a timed-out game is a lost game), so there is no value to bootstrap beyond it.
 
-The critic reads features of the conversation from a frozen LM encoder: the final hidden state
-at the last prompt token summarises the state ``s``; at the last action token it summarises
-``(s, a)``. The encoder is the frozen reference copy of the policy backbone (default; the same
-token ids, nothing re-tokenized) or any other causal/encoder LM (``TextFeatureEncoder``). Because the
-encoder is frozen, features are computed once per turn, stored in the replay buffer, and reused by
-every TD update; only the heads train. That is what makes many critic updates per actor update
-affordable on a CPU.
+The critic reads features of the conversation: at the last prompt token they summarise the state
+``s``, at the last action token ``(s, a)``. ``critic_encoder`` picks the encoder:
+
+- ``reference`` (default): the final hidden states of the frozen reference copy of the policy (the
+  same token ids, nothing re-tokenized). Frozen features are computed once per turn, stored in the
+  replay buffer and reused by every TD update, and only the heads train: many critic updates per
+  actor update stay affordable on a CPU, but frozen features may not tell actions apart.
+- ``top:K``: the critic trains its own encoder, as the paper does, at a CPU's cost. It is a copy of
+  the reference's last K blocks (``critic_encoder.TrunkTopEncoder``) over the states the reference
+  pass cached at the input of block N-K; the buffer stores a window of the last ``critic_window``
+  of them ending at each token, every TD update runs the blocks over its windows and backpropagates
+  into them, and the target critic holds a Polyak-averaged copy.
+- a path: another frozen causal/encoder LM over the conversation text (``TextFeatureEncoder``).
 
 The file reads top to bottom: the config, the critic heads, the replay buffer, the TD loss (a pure
-function, tested by hand; the advantages and transitions are in ``functional``), then the trainer's iteration. The token-level actor
-step it ends with is shared with the critic-free family (``turngym.trainers.actor``).
+function, tested by hand; the advantages, transitions and windows are in ``functional``, the
+encoders in ``critic_encoder``), then the trainer's iteration. The token-level actor step it ends
+with is shared with the critic-free family (``turngym.trainers.actor``).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from turngym.config import knob
 from turngym.rewards import reward_stats
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
+from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.sequences import PackedBatch, pack_batch
 from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, task_schedule
@@ -68,13 +76,17 @@ class ArcherConfig(OnlineConfig):
     critic_batch_size: int = knob(64, "transitions per critic update")
     critic_warmup: int = knob(100, "critic updates before the actor starts")
     tau: float = knob(0.05, "Polyak rate of the target heads")
-    buffer_capacity: int = knob(20_000, "replay buffer size in turns")
+    buffer_capacity: int = knob(20_000, "replay buffer size in turns, allocated as it fills; top:K stores 3-4 windows "
+                                        "a turn (~220-300 KB at 32 x 576 fp32: 20k turns ~ 5 GB), so lower it there")
     categorical: bool = knob(False, "categorical (HL-Gauss) value heads instead of MSE regression")
     num_atoms: int = knob(51, "bins of the categorical heads")
     v_min: float = knob(-1.0, "lowest value of the categorical support")
     v_max: float = knob(1.5, "highest value of the categorical support")
     token_baseline: bool = knob(False, "subtract a token-level baseline b(s, a_<t) fitted to Q(s, a)")
-    critic_encoder: str = knob("reference", "reference (frozen policy backbone) or a path to another LM")
+    critic_encoder: str = knob("reference", "reference (frozen policy backbone), top:K (the critic trains its own copy of "
+                                            "the reference's last K blocks over cached lower layers) or a path to another LM")
+    critic_window: int = knob(32, "top:K: trunk states the critic's blocks read, ending at the token encoded")
+    critic_encoder_lr: float = knob(1e-5, "top:K: learning rate of the critic's own blocks (the heads use critic_lr)")
     group_size: int = knob(1, "episodes per task per iteration, from one reset seed: repeats show the critic "
                                  "different actions from the same state, the contrast Q(s, a) - V(s) is made of")
     advantage: str = knob("q_minus_v", "q_minus_v: A = min(Q1, Q2)(s, a) - V(s) (the paper); td: A = r + gamma V(s') - V(s); "
@@ -104,9 +116,21 @@ class ArcherConfig(OnlineConfig):
             raise ValueError(f"advantage_timing must be before or after, got {self.advantage_timing!r}")
         if self.v_target not in ("buffer_action", "fresh_action"):
             raise ValueError(f"v_target must be buffer_action or fresh_action, got {self.v_target!r}")
+        if self.critic_encoder.startswith("top:"):
+            if not self.critic_encoder[4:].isdigit() or self.critic_top_k < 1:
+                raise ValueError(f"critic_encoder top:K needs an integer K >= 1, got {self.critic_encoder!r}")
+            if self.token_baseline:
+                raise ValueError("token_baseline reads the reference's final hidden states: not with critic_encoder=top:K")
+        if self.critic_window < 1:
+            raise ValueError(f"critic_window must be >= 1, got {self.critic_window}")
+
+    @property
+    def critic_top_k(self) -> int:
+        """K of ``critic_encoder=top:K``; 0 for the frozen encoders."""
+        return int(self.critic_encoder[4:]) if self.critic_encoder.startswith("top:") else 0
 
 
-# ----- the critic: double Q heads and a V head over frozen features ---------------------------
+# ----- the critic: double Q heads and a V head over features (or its own encoder's) -----------
 class ValueHead(nn.Module):
     """A 2-layer MLP from features to one scalar or to ``num_atoms`` categorical logits."""
 
@@ -122,13 +146,18 @@ class ValueHead(nn.Module):
 
 
 class UtteranceCritic(nn.Module):
-    """Q1(s, a), Q2(s, a) and V(s) heads over frozen features.
+    """Q1(s, a), Q2(s, a) and V(s) heads over features.
+
+    A state or state-action input is its ``(N, H)`` feature from a frozen encoder, or a ``Window``
+    of trunk states that the critic's own ``encoder`` turns into one (``critic_encoder=top:K``).
 
     Args:
         feat_dim: Encoder hidden size.
         hidden_dim: MLP width.
         categorical: Heads output logits over ``num_atoms`` bins in ``[v_min, v_max]`` and are
             trained by cross-entropy to an HL-Gauss histogram ("classification, not regression").
+        encoder: Windows ``(N, W, H), (N, W)`` -> ``(N, H)`` features; trained with the heads and
+            copied into the target critic (``make_target``).
     """
 
     def __init__(
@@ -139,9 +168,11 @@ class UtteranceCritic(nn.Module):
         num_atoms: int = 51,
         v_min: float = -1.0,
         v_max: float = 1.0,
+        encoder: nn.Module | None = None,
     ) -> None:
         super().__init__()
         out = num_atoms if categorical else 1
+        self.encoder = encoder
         self.categorical = categorical
         # Q reads [phi(s), phi(s, a)]: a causal LM's state at the action's last token is dominated by
         # the action's own tokens, and without phi(s) the heads cannot tell one state from another
@@ -162,20 +193,24 @@ class UtteranceCritic(nn.Module):
             return Fn.categorical_value_loss(raw, target, self.support, self.sigma)
         return torch.nn.functional.mse_loss(raw, target)
 
-    def q_raw(self, s_feat: torch.Tensor, sa_feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([s_feat, sa_feat], dim=-1)
+    def encode(self, x: torch.Tensor | Window) -> torch.Tensor:
+        """``(N, H)`` features of an input: a feature tensor passes through, a window is encoded."""
+        return x if isinstance(x, torch.Tensor) else self.encoder(*x)
+
+    def q_raw(self, s: torch.Tensor | Window, sa: torch.Tensor | Window) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([self.encode(s), self.encode(sa)], dim=-1)
         return self.q1(x), self.q2(x)
 
-    def q_values(self, s_feat: torch.Tensor, sa_feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q1, q2 = self.q_raw(s_feat, sa_feat)
+    def q_values(self, s: torch.Tensor | Window, sa: torch.Tensor | Window) -> tuple[torch.Tensor, torch.Tensor]:
+        q1, q2 = self.q_raw(s, sa)
         return self.scalar(q1), self.scalar(q2)
 
-    def value(self, s_feat: torch.Tensor) -> torch.Tensor:
-        return self.scalar(self.v(s_feat))
+    def value(self, s: torch.Tensor | Window) -> torch.Tensor:
+        return self.scalar(self.v(self.encode(s)))
 
 
 def make_target(critic: UtteranceCritic) -> UtteranceCritic:
-    """A frozen copy for TD targets, moved toward the online critic by ``soft_update``."""
+    """A frozen copy for TD targets (its encoder too), moved toward the online critic by ``soft_update``."""
     target = copy.deepcopy(critic)
     for p in target.parameters():
         p.requires_grad_(False)
@@ -194,22 +229,22 @@ class ReplayBuffer:
     """A ring buffer of turn transitions ``(phi(s), phi(s, a), r, done, phi(s'))``, plus
     ``phi(s, a')`` of a fresh policy action a' ~ pi(s) when ``fresh_action``.
 
+    A state or state-action is its ``(H,)`` feature or, with ``critic_encoder=top:K``, a window:
+    ``(W, H)`` trunk states in the field itself and their ``(W,)`` positions in ``<field>_pos``.
+    Storage is allocated at the first ``add`` and doubles as it fills, up to ``capacity``, so memory
+    follows the turns held (a window is W times a feature).
+
     Args:
         capacity: Oldest transitions are overwritten past this.
-        feat_dim: Feature size.
+        feat_dim: Feature size ``H``.
         seed: Seeds minibatch sampling (its state is checkpointed).
         fresh_action: Also store ``fresh_sa`` (the V target's action features).
     """
 
     def __init__(self, capacity: int, feat_dim: int, seed: int = 0, fresh_action: bool = False) -> None:
-        self.capacity = capacity
+        self.capacity, self.feat_dim = capacity, feat_dim
         self.FIELDS = ("s", "sa", "reward", "done", "next_s") + (("fresh_sa",) if fresh_action else ())
-        self.s = torch.zeros(capacity, feat_dim)
-        self.sa = torch.zeros(capacity, feat_dim)
-        self.next_s = torch.zeros(capacity, feat_dim)
-        self.fresh_sa = torch.zeros(capacity, feat_dim) if fresh_action else None
-        self.reward = torch.zeros(capacity)
-        self.done = torch.zeros(capacity)
+        self.data: dict[str, torch.Tensor] = {}  # storage: name -> (rows, ...), rows <= capacity
         self.size = 0
         self.ptr = 0
         self.gen = torch.Generator().manual_seed(seed)
@@ -217,35 +252,63 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
-    def add(self, s: torch.Tensor, sa: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, next_s: torch.Tensor,
-            fresh_sa: torch.Tensor | None = None) -> None:
-        """Append ``n`` transitions (each argument has leading size ``n``)."""
-        if (fresh_sa is None) != (self.fresh_sa is None):
+    def add(self, s: torch.Tensor | Window, sa: torch.Tensor | Window, reward: torch.Tensor, done: torch.Tensor,
+            next_s: torch.Tensor | Window, fresh_sa: torch.Tensor | Window | None = None) -> None:
+        """Append ``n`` transitions (each argument, or each part of a window, has leading size ``n``)."""
+        if (fresh_sa is None) == ("fresh_sa" in self.FIELDS):
             raise ValueError("fresh_sa must be given exactly when the buffer stores fresh actions")
-        for i in range(s.shape[0]):
-            j = self.ptr
-            self.s[j], self.sa[j], self.reward[j], self.done[j], self.next_s[j] = s[i], sa[i], reward[i], done[i], next_s[i]
-            if fresh_sa is not None:
-                self.fresh_sa[j] = fresh_sa[i]
+        given = {"s": s, "sa": sa, "reward": reward, "done": done, "next_s": next_s, "fresh_sa": fresh_sa}
+        items: dict[str, torch.Tensor] = {}
+        for f in self.FIELDS:
+            x = given[f]
+            items.update({f: x[0], f + "_pos": x[1]} if isinstance(x, tuple) else {f: x})
+        if items["s"].shape[-1] != self.feat_dim:
+            raise ValueError(f"features of size {items['s'].shape[-1]} in a buffer of size {self.feat_dim}")
+        n = reward.shape[0]
+        self._reserve(items, min(self.capacity, self.size + n))
+        for i in range(n):
+            for k, x in items.items():
+                self.data[k][self.ptr] = x[i]
             self.ptr = (self.ptr + 1) % self.capacity
             self.size = min(self.size + 1, self.capacity)
 
-    def sample(self, batch_size: int) -> dict[str, torch.Tensor]:
+    def _reserve(self, like: dict[str, torch.Tensor], rows: int) -> None:
+        """Grow the storage (shaped like ``like``'s items) to at least ``rows``, doubling."""
+        if self.data and set(like) != set(self.data):
+            raise ValueError(f"transitions with fields {sorted(like)} in a buffer of {sorted(self.data)}")
+        have = next(iter(self.data.values())).shape[0] if self.data else 0
+        if rows <= have:
+            return
+        rows = min(self.capacity, max(rows, 2 * have))
+        for k, x in like.items():
+            grown = x.new_zeros((rows, *x.shape[1:]))
+            if have:
+                grown[:have] = self.data[k]
+            self.data[k] = grown
+
+    def _get(self, f: str, idx: torch.Tensor) -> torch.Tensor | Window:
+        x = self.data[f][idx]
+        return (x, self.data[f + "_pos"][idx]) if f + "_pos" in self.data else x
+
+    def sample(self, batch_size: int) -> dict[str, torch.Tensor | Window]:
         idx = torch.randint(0, self.size, (batch_size,), generator=self.gen)
-        return {f: getattr(self, f)[idx] for f in self.FIELDS}
+        return {f: self._get(f, idx) for f in self.FIELDS}
 
     def state_dict(self) -> dict:
         return {
-            **{f: getattr(self, f)[: self.size].clone() for f in self.FIELDS},
+            **{k: x[: self.size].clone() for k, x in self.data.items()},
             "ptr": self.ptr,
             "capacity": self.capacity,
             "gen": self.gen.get_state(),
         }
 
     def load_state_dict(self, d: dict) -> None:
-        n = d["s"].shape[0]
-        for f in self.FIELDS:
-            getattr(self, f)[:n] = d[f]
+        items = {k: x for k, x in d.items() if k not in ("ptr", "capacity", "gen")}
+        n = items["reward"].shape[0] if items else 0
+        self.data = {}
+        self._reserve(items, n)
+        for k, x in items.items() if n else ():
+            self.data[k][:n] = x
         self.size, self.ptr = n, d["ptr"]
         self.gen.set_state(d["gen"])
 
@@ -259,7 +322,8 @@ def td_loss(critic: UtteranceCritic, target: UtteranceCritic, b: dict[str, torch
         y_V = min(Q1_target, Q2_target)(s, a_V)            loss on V
 
     ``a_V`` is the recorded action (``v_action="sa"``) or a fresh a' ~ pi(s) (``"fresh_sa"``): with
-    the recorded one, V fits Q of the same action and Q - V is near 0 by construction.
+    the recorded one, V fits Q of the same action and Q - V is near 0 by construction. Windows
+    (``critic_encoder=top:K``) go through each critic's own encoder, so the loss trains it too.
 
     Returns:
         The summed loss (differentiable in ``critic``) and its metrics.
@@ -267,49 +331,14 @@ def td_loss(critic: UtteranceCritic, target: UtteranceCritic, b: dict[str, torch
     with torch.no_grad():
         y = Fn.td_target(b["reward"], target.value(b["next_s"]), b["done"], gamma)
         y_v = Fn.double_q_min(*target.q_values(b["s"], b[v_action]))
-    q1_raw, q2_raw = critic.q_raw(b["s"], b["sa"])
+    s = critic.encode(b["s"])  # once for Q and V: a window costs K blocks
+    q1_raw, q2_raw = critic.q_raw(s, b["sa"])
     q_loss = critic.value_loss(q1_raw, y) + critic.value_loss(q2_raw, y)
-    v_loss = critic.value_loss(critic.v(b["s"]), y_v)
+    v_loss = critic.value_loss(critic.v(s), y_v)
     q1 = critic.scalar(q1_raw.detach())
     stats = {"critic/q_loss": q_loss.item(), "critic/v_loss": v_loss.item(), "critic/td_error": (q1 - y).abs().mean().item(),
              "critic/q1_mean": q1.mean().item(), "critic/target_mean": y.mean().item()}
     return q_loss + v_loss, stats
-
-
-class TextFeatureEncoder:
-    """Critic features from another (small, frozen) LM over the conversation text.
-
-    The state text is the rendered conversation up to the turn; the state-action text adds the
-    utterance. Features are the mean of the encoder's last hidden states (left-truncated to
-    ``max_length`` tokens, so the recent turns are kept).
-    """
-
-    def __init__(self, path: str, max_length: int = 512) -> None:
-        from transformers import AutoModel, AutoTokenizer
-
-        self.tok = AutoTokenizer.from_pretrained(path)
-        self.tok.truncation_side = "left"
-        self.model = AutoModel.from_pretrained(path).eval()
-        self.dim = self.model.config.hidden_size
-        self.max_length = max_length
-
-    @torch.no_grad()
-    def _embed(self, texts: list[str]) -> torch.Tensor:
-        enc = self.tok(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
-        h = self.model(**enc).last_hidden_state
-        m = enc["attention_mask"][..., None].float()
-        return (h * m).sum(1) / m.sum(1).clamp_min(1)
-
-    def turn_features(self, trajs: list[Trajectory], refs: list[tuple[int, int]]):
-        states, actions = [], []
-        for ti, k in refs:
-            t = trajs[ti]
-            lines = [f"{m.role}: {m.content}" for m in t.initial_observation]
-            for turn in t.turns[:k]:
-                lines += [f"assistant: {turn.action_text}"] + [f"{m.role}: {m.content}" for m in turn.observation]
-            states.append("\n".join(lines))
-            actions.append(states[-1] + f"\nassistant: {t.turns[k].action_text}")
-        return self._embed(states), self._embed(actions)
 
 
 # ----- the trainer: one iteration = collect, score, critic updates, actor update ------------------
@@ -343,12 +372,21 @@ class ArcherTrainer(OnlineTrainer):
 
     def _setup_extra(self) -> None:
         cfg = self.cfg
-        self.encoder = self.ref if cfg.critic_encoder == "reference" else TextFeatureEncoder(cfg.critic_encoder)
-        feat = self.ref.config.get_text_config().hidden_size if cfg.critic_encoder == "reference" else self.encoder.dim
-        self.critic = UtteranceCritic(feat, cfg.critic_hidden, cfg.categorical, cfg.num_atoms, cfg.v_min, cfg.v_max)
+        # the reference pass keeps hidden states for the critic: the final ones (reference) or the
+        # trunk at the input of block N-K (top:K); a text encoder reads the conversation itself
+        self._hidden = cfg.critic_encoder == "reference" or cfg.critic_top_k > 0
+        self.encoder = self.ref if self._hidden else TextFeatureEncoder(cfg.critic_encoder)
+        feat = self.ref.config.get_text_config().hidden_size if self._hidden else self.encoder.dim
+        top = TrunkTopEncoder(self.ref, cfg.critic_top_k) if cfg.critic_top_k else None
+        self._hidden_layer = top.trunk_layer if top is not None else None
+        self.critic = UtteranceCritic(feat, cfg.critic_hidden, cfg.categorical, cfg.num_atoms, cfg.v_min, cfg.v_max, top)
         self.ctx.broadcast_params(self.critic)
         self.critic_target = make_target(self.critic)
-        self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
+        named = list(self.critic.named_parameters())
+        groups = [{"params": [p for n, p in named if not n.startswith("encoder.")], "lr": cfg.critic_lr}]
+        if top is not None:
+            groups.append({"params": list(top.parameters()), "lr": cfg.critic_encoder_lr})
+        self.critic_opt = torch.optim.AdamW(groups)
         self.baseline = torch.nn.Linear(feat, 1) if cfg.token_baseline else None
         if self.baseline is not None:
             self.ctx.broadcast_params(self.baseline)
@@ -372,11 +410,11 @@ class ArcherTrainer(OnlineTrainer):
         _check_tokens(trajs)
         rewards = self.reward_fn(trajs)
         metrics.update(reward_stats(self.reward_fn))  # G-RA gate rates, SPA fit error, shaping...
-        # 2. one reference forward per episode: KL anchor and critic features
+        # 2. one reference forward per episode: KL anchor and critic features (top:K: windows of trunk states)
         batch = pack_batch(trajs, self.policy.pad_id)
-        ref_logprobs, hidden = reference_pass(self.ref, batch, cfg.critic_encoder == "reference", cfg.autocast)
+        ref_logprobs, hidden = reference_pass(self.ref, batch, self._hidden, cfg.autocast, self._hidden_layer)
         s_feat, sa_feat = self._features(batch, hidden, trajs)
-        r, done, next_feat = Fn.turn_transitions(batch.turn_refs, rewards, s_feat)
+        r, done, next_feat = _transitions(batch.turn_refs, rewards, s_feat)
         fresh_sa = self._fresh_action_features(trajs, batch) if cfg.v_target == "fresh_action" else None
         # 3. advantages from the critic as it stands, before it has seen this batch (out of sample)
         feats = (s_feat, sa_feat, r, done, next_feat)
@@ -408,6 +446,7 @@ class ArcherTrainer(OnlineTrainer):
     def _advantages(self, s_feat, sa_feat, r, done, next_feat) -> tuple[torch.Tensor, torch.Tensor]:
         """``(N,)`` utterance advantages (``cfg.advantage``) and ``(N,)`` min(Q1, Q2)(s, a) under the current critic."""
         cfg = self.cfg
+        s_feat = self.critic.encode(s_feat)  # once for Q and V
         q = Fn.double_q_min(*self.critic.q_values(s_feat, sa_feat))
         v = self.critic.value(s_feat)
         if cfg.advantage == "q_minus_v":
@@ -426,9 +465,9 @@ class ArcherTrainer(OnlineTrainer):
         return {"critic/auc_expert": Fn.auc(adv, y), "critic/expert_rate": float(y.nan_to_num(0.0).sum() / (~y.isnan()).sum())}
 
     @torch.no_grad()
-    def _fresh_action_features(self, trajs: list[Trajectory], batch: PackedBatch) -> torch.Tensor:
-        """``(N, H)`` phi(s, a') of one fresh action a' ~ pi(s) per flat turn, sampled from the turn's
-        recorded prompt ids and encoded like the recorded actions (V's target in ``td_loss``)."""
+    def _fresh_action_features(self, trajs: list[Trajectory], batch: PackedBatch) -> torch.Tensor | Window:
+        """``(N, H)`` phi(s, a') (or its window) of one fresh action a' ~ pi(s) per flat turn, sampled from
+        the turn's recorded prompt ids and encoded like the recorded actions (V's target in ``td_loss``)."""
         cfg = self.cfg
         prompts = [trajs[ti].turns[k].prompt_ids for ti, k in batch.turn_refs]
         sampling = cfg.sampling(self.iteration)
@@ -442,15 +481,19 @@ class ArcherTrainer(OnlineTrainer):
         dec = self.policy.tokenizer.decode
         turns = [Turn(dec(g.action_ids, skip_special_tokens=True), prompt_ids=list(p),
                       action_ids=list(g.action_ids) or [self.policy.pad_id]) for p, g in zip(prompts, gens)]
-        if cfg.critic_encoder == "reference":  # one sequence per state: its prompt, then a'
+        if self._hidden:  # one sequence per state: its prompt, then a'
             fbatch = pack_batch([Trajectory(trajs[ti].task_id, turns=[t]) for (ti, _), t in zip(batch.turn_refs, turns)],
                                 self.policy.pad_id)
-            return self._features(fbatch, reference_pass(self.ref, fbatch, True, cfg.autocast)[1], [])[1]
+            return self._features(fbatch, reference_pass(self.ref, fbatch, True, cfg.autocast, self._hidden_layer)[1], [])[1]
         fresh = [Trajectory(trajs[ti].task_id, turns=[*trajs[ti].turns[:k], t], initial_observation=trajs[ti].initial_observation)
                  for (ti, k), t in zip(batch.turn_refs, turns)]
         return self.encoder.turn_features(fresh, [(i, k) for i, (_, k) in enumerate(batch.turn_refs)])[1]
 
     def _features(self, batch: PackedBatch, hidden: torch.Tensor | None, trajs: list[Trajectory]):
+        """phi(s), phi(s, a) of each flat turn: ``(N, H)`` each, or (top:K) the windows that end there."""
+        if self._hidden_layer is not None:
+            w = self.cfg.critic_window
+            return Fn.gather_windows(hidden, batch.state_pos, w), Fn.gather_windows(hidden, batch.action_pos, w)
         if hidden is not None:
             s = hidden[batch.state_pos[:, 0], batch.state_pos[:, 1]].float()
             sa = hidden[batch.action_pos[:, 0], batch.action_pos[:, 1]].float()
@@ -508,6 +551,15 @@ class ArcherTrainer(OnlineTrainer):
             self.baseline.load_state_dict(st["baseline"])
             self.baseline_opt.load_state_dict(st["baseline_opt"])
         self.critic_steps = st["critic_steps"]
+
+
+def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s: torch.Tensor | Window):
+    """``Fn.turn_transitions`` of features, or of windows (states and positions shift alike; a done
+    turn's next window is zeros at position 0, and its value is multiplied by 0)."""
+    if isinstance(s, torch.Tensor):
+        return Fn.turn_transitions(turn_refs, rewards, s)
+    r, done, next_states = Fn.turn_transitions(turn_refs, rewards, s[0])
+    return r, done, (next_states, Fn.turn_transitions(turn_refs, rewards, s[1])[2])
 
 
 def _check_tokens(trajs: list[Trajectory]) -> None:

@@ -38,6 +38,52 @@ def turn_transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]
     return r, done, next_feat
 
 
+def window_positions(end: torch.Tensor, width: int) -> torch.Tensor:
+    """Positions of the ``width`` tokens that end at each ``end``: ``end - width + 1, ..., end``, with
+    -1 for the slots before the sequence's start (padding, always on the left).
+
+    Args:
+        end: ``(N,)`` long, the position each window ends at (its last token).
+
+    Returns:
+        ``(N, W)`` long.
+    """
+    pos = end[:, None] - (width - 1) + torch.arange(width, device=end.device)
+    return torch.where(pos >= 0, pos, -1)
+
+
+def gather_windows(hidden: torch.Tensor, at: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows of hidden states ending at ``at``: the critic's ``top:K`` encoder input.
+
+    Args:
+        hidden: ``(B, T, H)`` one sequence per row, position = column (right padding only).
+        at: ``(N, 2)`` long ``(row, position)`` of each window's last token.
+
+    Returns:
+        ``(N, W, H)`` states (zeros in padding slots) and their ``(N, W)`` positions (``window_positions``).
+    """
+    pos = window_positions(at[:, 1], width)
+    states = hidden[at[:, :1], pos.clamp_min(0)]
+    return torch.where((pos >= 0)[..., None], states, 0.0), pos
+
+
+def window_attention_mask(pos: torch.Tensor) -> torch.Tensor:
+    """Causal attention inside each window over its real tokens: query ``i`` sees key ``j`` when
+    ``j <= i`` and ``j`` is real (``pos >= 0``). A padding query sees itself only, so that no softmax
+    row is empty (its output is never read).
+
+    Args:
+        pos: ``(N, W)`` window positions, -1 = padding.
+
+    Returns:
+        ``(N, 1, W, W)`` bool, True = attend (one mask for every head).
+    """
+    w = pos.shape[1]
+    causal = torch.ones(w, w, dtype=torch.bool, device=pos.device).tril()
+    real_key = (pos >= 0)[:, None, :]  # (N, 1, W)
+    return (causal & (real_key | torch.eye(w, dtype=torch.bool, device=pos.device)))[:, None]
+
+
 def td_target(reward: torch.Tensor, next_value: torch.Tensor, done: torch.Tensor, gamma: float) -> torch.Tensor:
     """One-step TD target ``y = r + gamma * (1 - done) * V_target(s')``.
 

@@ -188,20 +188,27 @@ def pack_batch(trajectories: list[Trajectory], pad_id: int) -> PackedBatch:
 @dataclass
 class ScoredBatch:
     """What one forward gives: per scored token ``(M,)`` log-probs and entropies, and optionally
-    the final hidden states ``(B, T, H)`` (critic features)."""
+    hidden states ``(B, T, H)`` (critic features): the final ones, or the input of one block."""
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
 
 
-def _backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The decoder backbone (embeddings, ``layers``, ``norm``, ``rotary_emb``) and the LM head of an
+    HF causal LM (Llama, Qwen2, SmolLM, Mistral...), through a PEFT wrapper if there is one."""
     core = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wraps the model
     return core.base_model, core.get_output_embeddings()
 
 
-def score(model: torch.nn.Module, batch: PackedBatch, *, entropy: bool = False, hidden: bool = False) -> ScoredBatch:
+def score(model: torch.nn.Module, batch: PackedBatch, *, entropy: bool = False, hidden: bool = False,
+          hidden_layer: int | None = None) -> ScoredBatch:
     """Log-probs of the policy tokens under ``model``, from one forward over each sequence.
+
+    With ``hidden``, also the ``(B, T, H)`` hidden states: the final (normed) ones, or with
+    ``hidden_layer=i`` the input of block ``i`` (the output of the first ``i`` blocks), taken in
+    passing from the same forward.
 
     ``logits = lm_head(last_hidden_state)`` is evaluated only where ``score_mask`` is set. This
     matches the model's own logits for decoder LMs whose head is a plain projection (Llama,
@@ -215,16 +222,28 @@ def score(model: torch.nn.Module, batch: PackedBatch, *, entropy: bool = False, 
     device = next(model.parameters()).device
     forward = getattr(model, "score_forward", None) or functools.partial(score_forward, model)
     logprobs, ent, h = forward(batch.input_ids.to(device), batch.attention_mask.to(device),
-                               batch.score_mask.to(device), batch.targets.to(device), entropy, hidden)
+                               batch.score_mask.to(device), batch.targets.to(device), entropy, hidden, hidden_layer)
     return ScoredBatch(logprobs=logprobs, entropy=ent, hidden=h)
 
 
 def score_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
-                  targets: torch.Tensor, entropy: bool, hidden: bool) -> tuple:
+                  targets: torch.Tensor, entropy: bool, hidden: bool, hidden_layer: int | None = None) -> tuple:
     """``score``'s forward on device tensors: ``(logprobs (M,), entropy (M,) or None, hidden or None)``."""
-    backbone, head = _backbone_and_head(model)
-    out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    backbone, head = backbone_and_head(model)
+    kept: list[torch.Tensor] = []
+    hook = None
+    if hidden and hidden_layer is not None:
+        # a pre-hook keeps one block's input; output_hidden_states would hold all N + 1 of them
+        def keep(_module, args, kwargs):
+            kept.append(args[0] if args else kwargs["hidden_states"])
+
+        hook = backbone.layers[hidden_layer].register_forward_pre_hook(keep, with_kwargs=True)
+    try:
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    finally:
+        if hook is not None:
+            hook.remove()
     h = out.last_hidden_state
     logits = head(h[mask])  # (M, V): the head runs only where a policy token is predicted
     logprobs, ent = Fn.token_logprobs_and_entropy(logits, targets[mask], entropy)
-    return logprobs, ent, h if hidden else None
+    return logprobs, ent, None if not hidden else kept[0] if hook is not None else h

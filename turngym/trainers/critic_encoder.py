@@ -1,0 +1,118 @@
+"""ArCHer's critic encoders other than the frozen reference's final hidden states (``critic_encoder``).
+
+``TrunkTopEncoder`` (``top:K``) is cached frozen lower layers plus the critic's own trainable copy
+of the top K transformer blocks. The frozen reference already runs once per collected batch (the
+KL anchor's forward); it also keeps the hidden states at the input of block N-K, the "trunk". The
+critic owns a trainable copy of blocks N-K .. N-1, the final norm and the rotary embedding, and
+re-runs only those over a short window of trunk states ending at the token it reads (the last
+prompt token for phi(s), the last action token for phi(s, a)). The lower layers have already mixed
+the whole context into every trunk state, so a local causal window is enough for the top blocks:
+a TD update costs K blocks over W tokens per feature instead of a forward over the episode, and
+the windows sit in the replay buffer as the frozen features do.
+
+At initialisation the copy equals the reference's blocks: over a window that covers the whole
+prefix it reproduces the reference's own final hidden state, the ``reference`` encoder's feature.
+
+``TextFeatureEncoder`` (a path) reads the conversation's text with another frozen LM.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from turngym.trainers import functional as Fn
+from turngym.trainers.sequences import backbone_and_head
+from turngym.types import Trajectory
+
+Window = tuple[torch.Tensor, torch.Tensor]
+"""A batch of windows: trunk states ``(N, W, H)`` and their positions ``(N, W)`` (long, -1 = padding)."""
+
+
+class TrunkTopEncoder(nn.Module):
+    """phi = final_norm(top K blocks(window of trunk states)) at the window's last token.
+
+    Args:
+        model: The reference LM (an HF decoder: ``layers``, ``norm``, ``rotary_emb``) whose last
+            ``k`` blocks, final norm and rotary embedding are copied; ``model`` itself is untouched.
+        k: Blocks to copy.
+
+    Attributes:
+        trunk_layer: ``N - k``, the block whose input the windows hold (``sequences.score``'s ``hidden_layer``).
+
+    Raises:
+        ValueError: ``k`` is not in ``[1, N]``.
+    """
+
+    def __init__(self, model: nn.Module, k: int) -> None:
+        super().__init__()
+        backbone, _ = backbone_and_head(model)
+        n = len(backbone.layers)
+        if not 1 <= k <= n:
+            raise ValueError(f"critic_encoder=top:{k} needs 1 <= K <= {n}, the model's number of blocks")
+        self.trunk_layer = n - k
+        self.blocks = copy.deepcopy(backbone.layers[n - k :])
+        self.norm = copy.deepcopy(backbone.norm)
+        self.rotary = copy.deepcopy(backbone.rotary_emb)
+        for p in self.parameters():  # the reference's copies arrive frozen
+            p.requires_grad_(True)
+
+    def forward(self, states: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Encode windows (``Fn.gather_windows``).
+
+        Args:
+            states: ``(N, W, H)`` trunk states.
+            pos: ``(N, W)`` long, their positions in the conversation (RoPE), -1 = padding.
+
+        Returns:
+            ``(N, H)`` the final norm's output at each window's last token.
+        """
+        allowed = Fn.window_attention_mask(pos)  # (N, 1, W, W)
+        # an additive mask, which eager and SDPA attention both take (a bool one only SDPA)
+        bias = torch.zeros(allowed.shape, dtype=states.dtype, device=states.device)
+        bias = bias.masked_fill(~allowed, torch.finfo(states.dtype).min)
+        position_ids = pos.clamp_min(0)  # padding slots are masked out; any position will do
+        rope = self.rotary(states, position_ids)  # (cos, sin), as the HF backbone computes them
+        h = states
+        for block in self.blocks:
+            out = block(h, attention_mask=bias, position_ids=position_ids, position_embeddings=rope)
+            h = out[0] if isinstance(out, tuple) else out  # transformers < 5 returns a tuple
+        return self.norm(h[:, -1])
+
+
+class TextFeatureEncoder:
+    """Critic features from another (small, frozen) LM over the conversation text.
+
+    The state text is the rendered conversation up to the turn; the state-action text adds the
+    utterance. Features are the mean of the encoder's last hidden states (left-truncated to
+    ``max_length`` tokens, so the recent turns are kept).
+    """
+
+    def __init__(self, path: str, max_length: int = 512) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(path)
+        self.tok.truncation_side = "left"
+        self.model = AutoModel.from_pretrained(path).eval()
+        self.dim = self.model.config.hidden_size
+        self.max_length = max_length
+
+    @torch.no_grad()
+    def _embed(self, texts: list[str]) -> torch.Tensor:
+        enc = self.tok(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        h = self.model(**enc).last_hidden_state
+        m = enc["attention_mask"][..., None].float()
+        return (h * m).sum(1) / m.sum(1).clamp_min(1)
+
+    def turn_features(self, trajs: list[Trajectory], refs: list[tuple[int, int]]):
+        states, actions = [], []
+        for ti, k in refs:
+            t = trajs[ti]
+            lines = [f"{m.role}: {m.content}" for m in t.initial_observation]
+            for turn in t.turns[:k]:
+                lines += [f"assistant: {turn.action_text}"] + [f"{m.role}: {m.content}" for m in turn.observation]
+            states.append("\n".join(lines))
+            actions.append(states[-1] + f"\nassistant: {t.turns[k].action_text}")
+        return self._embed(states), self._embed(actions)
