@@ -17,6 +17,8 @@ at once: one generates, the others wait and read its index.
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures
 import fcntl
 import hashlib
 import json
@@ -264,34 +266,54 @@ def generate(level: str, split: str, n: int, folder: Path) -> dict:
             stale.unlink()
         index = {"level": level, "split": split, "fingerprint": suite.fingerprint, "next_candidate": 0, "games": []}
     seen = {g["content_hash"] for g in index["games"]}
-    while len(index["games"]) < n:
-        c = index["next_candidate"]
-        index["next_candidate"] = c + 1
-        variant = suite.variants[c % len(suite.variants)]
-        seed = candidate_seed(level, split, c)
-        settings = dict(variant.settings)
-        if variant.challenge == "tw-cooking":  # cooking keeps its own food split: use it too
-            settings.update(recipe_seed=seed, split=split)
-        options = textworld.GameOptions()
-        options.seeds = seed
-        game = textworld.challenges.CHALLENGES[variant.challenge][1](settings, options)
-        moves = len(game.walkthrough or [])
-        if not suite.min_moves <= moves <= suite.max_moves:
-            continue
-        ser = json.loads(json.dumps(game.serialize()))
-        digest = content_hash(ser)
-        if digest in seen:
-            continue
-        seen.add(digest)
-        name = f"{len(index['games']):04d}"
-        _compile_into(game, options, folder, name, compile_game)
-        index["games"].append(asdict(GameRecord(
-            task_id=f"{level}-{split}-{name}", file=f"{name}.z8", task_type=variant.task_type,
-            challenge=variant.challenge, settings=settings, seed=seed, walkthrough=list(game.walkthrough),
-            objective=game.objective, max_score=int(game.max_score), content_hash=digest,
-        )))
-        _write_json_atomic(folder / INDEX, index)  # progress survives an interrupted run
+    # Games are made one after another here (deterministic), and compiled by Inform 7 (a child
+    # process, ~1 s each: most of a game's cost) on every core at once; records join the index in
+    # candidate order, so the sequence is the same as compiling one at a time.
+    pending: collections.deque = collections.deque()
+    c = index["next_candidate"]
+    workers = max(1, min(4, os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        while len(index["games"]) < n:
+            if len(index["games"]) + len(pending) < n:
+                job = _make_game(textworld, suite, level, split, c, seen)
+                c += 1
+                if job is None:
+                    continue
+                name = f"{len(index['games']) + len(pending):04d}"
+                future = pool.submit(_compile_into, job.pop("game"), job.pop("options"), folder, name, compile_game)
+                pending.append((future, name, job))
+                if len(pending) < workers and len(index["games"]) + len(pending) < n:
+                    continue  # keep every compiler busy
+            future, name, job = pending.popleft()
+            future.result()  # a failed compile raises here
+            candidate = job.pop("candidate")
+            index["games"].append(asdict(GameRecord(task_id=f"{level}-{split}-{name}", file=f"{name}.z8", **job)))
+            index["next_candidate"] = candidate + 1  # an interrupted run restarts after the last game kept
+            _write_json_atomic(folder / INDEX, index)  # progress survives an interrupted run
     return index
+
+
+def _make_game(textworld, suite: Suite, level: str, split: str, c: int, seen: set) -> dict | None:
+    """Candidate ``c``'s game and its record fields, or ``None`` when it is skipped (walkthrough
+    length outside the suite's range, or the same content as a game already kept)."""
+    variant = suite.variants[c % len(suite.variants)]
+    seed = candidate_seed(level, split, c)
+    settings = dict(variant.settings)
+    if variant.challenge == "tw-cooking":  # cooking keeps its own food split: use it too
+        settings.update(recipe_seed=seed, split=split)
+    options = textworld.GameOptions()
+    options.seeds = seed
+    game = textworld.challenges.CHALLENGES[variant.challenge][1](settings, options)
+    moves = len(game.walkthrough or [])
+    if not suite.min_moves <= moves <= suite.max_moves:
+        return None
+    digest = content_hash(json.loads(json.dumps(game.serialize())))
+    if digest in seen:
+        return None
+    seen.add(digest)
+    return {"game": game, "options": options, "candidate": c, "task_type": variant.task_type,
+            "challenge": variant.challenge, "settings": settings, "seed": seed, "walkthrough": list(game.walkthrough),
+            "objective": game.objective, "max_score": int(game.max_score), "content_hash": digest}
 
 
 def _compile_into(game, options, folder: Path, name: str, compile_game) -> None:
