@@ -128,10 +128,13 @@ def test_gradient_accumulation_equals_one_big_step(policy):
 def test_rescored_old_logprobs_put_the_first_ratio_at_one(policy):
     batch = _batch(policy)
     batch.old_logprobs = batch.old_logprobs + 0.05  # as if sampled on another precision path
-    _, sampled = _update(policy, batch, micro_batch_size=4, actor_lr=0.0, old_logprobs="sampled")
+    # fp32 updates (autocast none): on a bf16 CPU, auto would score in bf16 (~2e-3 from the samples)
+    _, sampled = _update(policy, batch, micro_batch_size=4, actor_lr=0.0, old_logprobs="sampled", autocast="none")
     assert sampled["actor/logprob_drift"] == pytest.approx(0.05, abs=1e-4)
-    _, rescored = _update(policy, batch, micro_batch_size=4, actor_lr=0.0, old_logprobs="rescored")
+    _, rescored = _update(policy, batch, micro_batch_size=4, actor_lr=0.0, old_logprobs="rescored", autocast="none")
     assert rescored["actor/logprob_drift"] < 1e-6
+    _, bf16 = _update(policy, batch, micro_batch_size=4, actor_lr=0.0, old_logprobs="rescored", autocast="bf16")
+    assert bf16["actor/logprob_drift"] < 1e-6  # rescoring puts the ratio at 1 on the bf16 path too
     assert not rescore_old_logprobs("auto", policy.model, "none")  # fp32 update: the recorded ones match
 
 
@@ -152,3 +155,39 @@ def test_filtered_bc_trains_and_new_knobs_are_validated(policy, tmp_path):
         PGConfig(old_logprobs="fresh")
     with pytest.raises(ValueError, match="group_size"):
         PGConfig(algo="filtered_bc", group_size=1)
+
+
+def test_contrast_weight_by_hand():
+    # p = (s + 1) / (n + 2); w = p (1 - p)
+    assert Fn.contrast_weight(0, 0) == pytest.approx(0.25)  # unseen: the maximum
+    assert Fn.contrast_weight(4, 8) == pytest.approx(0.25)  # 5/10
+    assert Fn.contrast_weight(8, 8) == pytest.approx(0.09)  # 9/10 * 1/10
+    assert Fn.contrast_weight(0, 8) == pytest.approx(0.09)
+    assert Fn.contrast_weight(2, 8) == pytest.approx(0.21)  # 3/10 * 7/10
+
+
+def test_weighted_task_schedule_draws_without_replacement_and_prefers_heavy_tasks():
+    from turngym.trainers.trainer import task_schedule
+
+    tasks = [f"t{i}" for i in range(8)]
+    specs = task_schedule(tasks, 16, seed=0, iteration=3, group_size=2, weights=[1.0] * 8)
+    picked = [s.task_id for s in specs[::2]]
+    assert sorted(picked) == tasks  # 8 groups, 8 tasks: each once
+    assert all(a == b for a, b in zip(specs[::2], specs[1::2]))  # a group replays one task and seed
+    assert specs == task_schedule(tasks, 16, seed=0, iteration=3, group_size=2, weights=[1.0] * 8)
+    heavy = [1e-3] * 7 + [1.0]  # one group per iteration: the heavy task wins almost always
+    wins = sum(task_schedule(tasks, 2, seed=0, iteration=it, group_size=2, weights=heavy)[0].task_id == "t7"
+               for it in range(50))
+    assert wins >= 45
+
+
+def test_contrast_sampling_records_outcomes_and_resumes_them(policy, tmp_path):
+    cfg = PGConfig(algo="rloo", iterations=1, episodes_per_iter=4, group_size=2, num_envs=4, max_new_tokens=6,
+                   reward=["env"], minibatch_size=2, task_sampling="contrast")
+    a = PGTrainer(policy, ENV, cfg, out_dir=tmp_path / "a")
+    a.train(progress=False)
+    assert sum(n for _, n in a.task_outcomes.values()) == 4 and len(a.task_outcomes) == 2
+    b = PGTrainer(policy, ENV, cfg, out_dir=tmp_path / "b")
+    b.load(tmp_path / "a" / "checkpoint")
+    assert b.task_outcomes == a.task_outcomes
+    assert b.schedule(4, 2) == a.schedule(4, 2)

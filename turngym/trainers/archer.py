@@ -62,7 +62,7 @@ from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.sequences import PackedBatch, pack_batch
-from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, task_schedule
+from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
 from turngym.types import Trajectory, Turn
 
 
@@ -405,7 +405,7 @@ class ArcherTrainer(OnlineTrainer):
         """One iteration: collect, score, critic updates, actor update. Returns its metrics."""
         cfg = self.cfg
         # 1. collect with the current policy
-        specs = task_schedule(self.task_ids, cfg.episodes_per_iter, cfg.seed, self.iteration, cfg.group_size)
+        specs = self.schedule(cfg.episodes_per_iter, cfg.group_size)
         trajs, metrics = self.collect(specs, cfg.group_size)
         _check_tokens(trajs)
         rewards = self.reward_fn(trajs)

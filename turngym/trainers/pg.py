@@ -34,7 +34,7 @@ from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.sequences import pack_batch
-from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, task_schedule
+from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
 from turngym.types import Trajectory
 
 ALGOS = ("reinforce", "rloo", "grpo", "gigpo", "filtered_bc")
@@ -116,7 +116,7 @@ class PGTrainer(OnlineTrainer):
 
     def step(self) -> dict[str, float]:
         cfg = self.cfg
-        specs = task_schedule(self.task_ids, cfg.episodes_per_iter, cfg.seed, self.iteration, cfg.group_size)
+        specs = self.schedule(cfg.episodes_per_iter, cfg.group_size)
         trajs, metrics = self.collect(specs, cfg.group_size)
         rewards = self.reward_fn(trajs)
         metrics.update(reward_stats(self.reward_fn))  # G-RA gate rates, SPA fit error, shaping...

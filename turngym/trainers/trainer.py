@@ -39,6 +39,7 @@ from turngym.config import knob
 from turngym.envs.wrappers import make_revisit_limited
 from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict
 from turngym.rollout import AsyncCollector, EnvPools, EpisodeSpec, make_env_factory, rollout
+from turngym.trainers import functional as Fn
 from turngym.trainers.actor import frozen_copy, prepare_trainable, shard_model
 from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from turngym.trainers.distributed import (
@@ -98,6 +99,9 @@ class OnlineConfig:
                             "kv_cache_gib; default max_model_len 4096, kv_cache_gib 4)")
     async_staleness: int = knob(-1, "-1: collect, then update; k >= 0: keep collecting on a background thread "
                                     "during updates, training on episodes at most k policy versions old")
+    task_sampling: str = knob("uniform", "uniform: tasks drawn at random | contrast: tasks drawn with weight p(1 - p), "
+                                         "p = the task's smoothed success rate in its last group, so groups that are "
+                                         "likely to hold both outcomes are played more (synchronous collection)")
     seed: int = knob(0, "seeds task order, sampling and minibatches")
     checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
     time_budget_s: float = knob(0.0, "stop after the iteration whose training seconds (collect + update, "
@@ -133,6 +137,8 @@ class OnlineConfig:
         if self.rollout_engine == "vllm" and (self.sharding != "none" or self.async_staleness >= 0):
             raise ValueError("rollout_engine=vllm runs in one process with synchronous collection "
                              "(sharding=none, async_staleness=-1)")
+        if self.task_sampling not in ("uniform", "contrast"):
+            raise ValueError(f"task_sampling must be uniform or contrast, got {self.task_sampling!r}")
         if self.env_workers not in ("local", "thread", "subprocess", "ray"):
             raise ValueError(f"env_workers must be local, thread, subprocess or ray, got {self.env_workers!r}")
 
@@ -154,12 +160,20 @@ def resolve_rollout_engine(cfg: OnlineConfig, distributed: bool = False) -> Onli
     return dataclasses.replace(cfg, rollout_engine="vllm" if allowed and vllm_available() else "hf")
 
 
-def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_size: int = 1) -> list[EpisodeSpec]:
-    """``n`` episodes for one iteration: tasks shuffled by (seed, iteration), each repeated
-    ``group_size`` times with one reset seed so a group replays the same start."""
+def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_size: int = 1,
+                  weights: list[float] | None = None) -> list[EpisodeSpec]:
+    """``n`` episodes for one iteration: tasks drawn by (seed, iteration), each repeated
+    ``group_size`` times with one reset seed so a group replays the same start.
+
+    With ``weights`` (one per task, > 0), tasks are drawn in proportion to them and without
+    replacement while there are tasks left (Efraimidis-Spirakis keys ``u ** (1 / w)``)."""
     rng = random.Random(seed * 1_000_003 + iteration)
     groups = max(1, n // group_size)
-    picks = [task_ids[rng.randrange(len(task_ids))] for _ in range(groups)]
+    if weights is None:
+        picks = [task_ids[rng.randrange(len(task_ids))] for _ in range(groups)]
+    else:
+        keys = sorted(range(len(task_ids)), key=lambda i: -(rng.random() ** (1.0 / weights[i])))
+        picks = [task_ids[keys[g % len(keys)]] for g in range(groups)]
     specs = []
     for g, task in enumerate(picks):
         specs += [EpisodeSpec(task, seed * 1_000_003 + iteration * 1000 + g)] * group_size
@@ -256,6 +270,7 @@ class OnlineTrainer:
         self.iteration = 0
         self.env_steps = 0
         self.train_seconds = 0.0  # wall-clock spent in iterations and checkpoints, not in on_iteration
+        self.task_outcomes: dict[str, tuple[int, int]] = {}  # task -> (successes, episodes) of its last group
         self._ready = False
 
     # ----- setup ---------------------------------------------------------------------------
@@ -290,9 +305,31 @@ class OnlineTrainer:
     def step(self) -> dict[str, float]:
         raise NotImplementedError
 
+    def schedule(self, n: int, group_size: int = 1) -> list[EpisodeSpec]:
+        """This iteration's episodes (``task_schedule``), weighted by ``cfg.task_sampling``."""
+        cfg = self.cfg
+        weights = None
+        if cfg.task_sampling == "contrast":
+            weights = [Fn.contrast_weight(*self.task_outcomes.get(t, (0, 0))) for t in self.task_ids]
+        return task_schedule(self.task_ids, n, cfg.seed, self.iteration, group_size, weights)
+
+    def record_outcomes(self, trajs: list[Trajectory]) -> None:
+        """Remember each task's outcomes in this iteration (``task_sampling: contrast``)."""
+        seen: dict[str, list[int]] = {}
+        for t in trajs:
+            s = seen.setdefault(t.task_id, [0, 0])
+            s[0] += int(t.success)
+            s[1] += 1
+        self.task_outcomes.update({k: (v[0], v[1]) for k, v in seen.items()})
+
     def collect(self, specs: list, group_size: int = 1) -> tuple[list[Trajectory], dict]:
         """Play this rank's share of ``specs`` with the current policy; in async mode, take
         ``len(specs)`` episodes from the background collector instead (the same task schedule)."""
+        trajs, metrics = self._collect(specs, group_size)
+        self.record_outcomes(trajs)
+        return trajs, metrics
+
+    def _collect(self, specs: list, group_size: int = 1) -> tuple[list[Trajectory], dict]:
         if self.rollouts is not None:  # vLLM samples, from the weights of this iteration
             synced = self.rollouts.sync(self.model, version=self.iteration)
             trajs, metrics = collect(self.rollouts.policy, self.env_id, self.env_kwargs, specs, self.cfg, self.iteration,
@@ -428,7 +465,7 @@ class OnlineTrainer:
             save_checkpoint(path, {
                 "model": model, "actor_opt": actor_opt,
                 "gen": self.gen.get_state(), "iteration": self.iteration, "env_steps": self.env_steps,
-                "train_seconds": self.train_seconds,
+                "train_seconds": self.train_seconds, "task_outcomes": dict(self.task_outcomes),
                 "config": asdict(self.cfg), "reward": reward_state_dict(self.reward_fn),  # e.g. SPA's estimator
                 **self._extra_state(),
             })
@@ -445,6 +482,7 @@ class OnlineTrainer:
         load_reward_state_dict(self.reward_fn, st.get("reward", {}))
         self.iteration, self.env_steps = st["iteration"], st["env_steps"]
         self.train_seconds = float(st.get("train_seconds", 0.0))
+        self.task_outcomes = {k: tuple(v) for k, v in st.get("task_outcomes", {}).items()}
         self._load_extra_state(st)
         self.policy.invalidate_caches()
         return True
