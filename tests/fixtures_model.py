@@ -67,6 +67,10 @@ def tiny_model(tiny_tokenizer) -> TinyModel:
 @pytest.fixture
 def policy(tiny_tokenizer):
     """A fresh HFPolicy over a new tiny model (each test may train it)."""
+    import torch
+
     from turngym.agents.hf import HFPolicy
 
-    return HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
+    # fp32 generation, so tests can check recorded log-probs against fp32 forwards (a bf16 CPU would
+    # otherwise generate from a bf16 copy by default)
+    return HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)

@@ -1,6 +1,8 @@
 """HFPolicy on the tiny random Llama: exact log-probs, batching, KV reuse, seeds, stop strings.
 
-Most tests run on both engines: packed forwards (the CPU default) and the padded batch."""
+Most tests run on both engines: packed forwards (the CPU default) and the padded batch, generating
+in fp32 (``FP32``) so they can be checked against the model's own fp32 forward; the bf16 copy that
+a bf16 CPU generates from by default has tests of its own."""
 
 from __future__ import annotations
 
@@ -20,12 +22,13 @@ from turngym.trainers.sequences import pack_turns
 from turngym.types import Message
 
 
+FP32 = torch.float32
 ENGINES = pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["packed", "padded"])
 def policy(tiny_model, request):
-    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=request.param)
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=request.param, generation_dtype=FP32)
     assert (pol.packed is not None) == request.param  # the tiny Llama passes the packed probe
     return pol
 
@@ -49,7 +52,7 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 def test_rescoring_reproduces_recorded_logprobs_over_a_rollout(tiny_model, packed):
     """Done-criterion: score(prompt, action) == recorded logprobs within 1e-4 (fp32), every turn of
     a multi-turn tool episode played through the real rollout loop, with KV reuse on."""
-    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed)
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed, generation_dtype=FP32)
     trajs = rollout(
         pol, make_env_factory("tests/Guess-v0", n_tasks=4), episode_specs(["1", "2", "3"], 3),
         sampling=SamplingParams(temperature=1.0, max_new_tokens=12, seed=3), num_envs=3, progress=False,
@@ -71,8 +74,8 @@ def test_rescoring_reproduces_recorded_logprobs_over_a_rollout(tiny_model, packe
 
 @ENGINES
 def test_kv_reuse_and_batching_match_naive_one_by_one(tiny_model, packed):
-    reuse = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed)
-    naive = HFPolicy(tiny_model.model, tiny_model.tokenizer, reuse_cache=False)
+    reuse = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed, generation_dtype=FP32)
+    naive = HFPolicy(tiny_model.model, tiny_model.tokenizer, reuse_cache=False, generation_dtype=FP32)
     a, b = _convs(3), _convs(3)
     for turn in range(4):
         ua = reuse.act(a, GREEDY)
@@ -168,11 +171,11 @@ def test_eos_ends_the_turn_and_is_not_repeated_in_the_next_prompt(tiny_model):
     prompt continues with the template's text after it (so no second <|im_end|>)."""
     tok = tiny_model.tokenizer
     model = copy.deepcopy(tiny_model.model)
-    probe = HFPolicy(model, tok).act(_convs(1), GREEDY)[0]
+    probe = HFPolicy(model, tok, generation_dtype=FP32).act(_convs(1), GREEDY)[0]
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     with torch.no_grad():  # make <|im_end|> outrank the 3rd greedy token wherever that one leads
         model.lm_head.weight[im_end] = 1.5 * model.lm_head.weight[probe.action_ids[2]]
-    pol = HFPolicy(model, tok)
+    pol = HFPolicy(model, tok, generation_dtype=FP32)
     conv = _convs(1)
     u = pol.act(conv, GREEDY)[0]
     assert u.action_ids[-1] == im_end and u.finish_reason == "stop"
@@ -184,7 +187,7 @@ def test_eos_ends_the_turn_and_is_not_repeated_in_the_next_prompt(tiny_model):
 
 
 def test_context_limit_gives_an_empty_utterance(tiny_model):
-    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer)
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, generation_dtype=FP32)
     pol.max_len = 40  # as if the model's context were 40 tokens
     short, long = _convs(1)[0], Conversation([Message("user", "word " * 60)])
     out = pol.act([short, long], SamplingParams(temperature=0.0, max_new_tokens=50))
@@ -193,7 +196,7 @@ def test_context_limit_gives_an_empty_utterance(tiny_model):
 
 
 def test_invalidate_caches_forces_a_full_prefill(tiny_model):
-    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer)
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, generation_dtype=FP32)
     conv = _convs(1)
     u = pol.act(conv, GREEDY)
     _extend(conv, u, 0)
@@ -217,9 +220,9 @@ def test_loads_from_a_path_and_other_architectures(tiny_model, tmp_path):
         qwen.lm_head.weight.normal_(0.0, 0.5)
     qwen.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    from_path = HFPolicy(str(tmp_path), device="cpu")
+    from_path = HFPolicy(str(tmp_path), device="cpu", generation_dtype=FP32)
     assert from_path.reuse_cache and from_path.model.config.model_type == "qwen2"
-    naive = HFPolicy(qwen, tok, reuse_cache=False)
+    naive = HFPolicy(qwen, tok, reuse_cache=False, generation_dtype=FP32)
     a, b = _convs(2), _convs(2)
     for turn in range(3):
         ua, ub = from_path.act(a, GREEDY), naive.act(b, GREEDY)
@@ -272,7 +275,7 @@ def test_exponential_race_samples_with_the_right_frequencies():
 def test_a_fresh_conversation_is_prefilled_apart_from_continuing_ones(tiny_model):
     """A batch mixing episodes that just started (whole prompt to prefill) with continuing ones (a
     short observation on top of their KV cache) is split in two, and answers as each would alone."""
-    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=False)
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=False, generation_dtype=FP32)
     old = _convs(3)
     _extend(old, pol.act(old, GREEDY), 1)
     fresh = [Conversation([Message("system", "Play well."), Message("user", "A long task. " * 60)], [])]
@@ -295,8 +298,8 @@ def _system_convs(tasks: list[str]) -> list[Conversation]:
 def test_new_episodes_start_from_one_shared_prefix_and_answer_as_alone(tiny_model, packed):
     """Episodes that start together prefill their common system prompt once; each then answers
     exactly as it does alone from scratch, and a later new episode reuses the kept prefix."""
-    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed)
-    naive = HFPolicy(tiny_model.model, tiny_model.tokenizer, reuse_cache=False)
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed, generation_dtype=FP32)
+    naive = HFPolicy(tiny_model.model, tiny_model.tokenizer, reuse_cache=False, generation_dtype=FP32)
     tasks = ["Find the coin.", "Open the chest and take the key.", "Go east twice."]
     together = pol.act(_system_convs(tasks), GREEDY)
     alone = [naive.act(_system_convs([t]), GREEDY)[0] for t in tasks]
@@ -327,7 +330,7 @@ def test_packed_and_padded_engines_play_the_same_tokens(tiny_model):
     sp = SamplingParams(temperature=1.0, max_new_tokens=9, seed=11)
     runs = {}
     for packed in (True, False):
-        pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed)
+        pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=packed, generation_dtype=FP32)
         convs, out = _convs(4), []
         for turn in range(3):
             utts = pol.act(convs, sp)
@@ -343,13 +346,13 @@ def test_packed_and_padded_engines_play_the_same_tokens(tiny_model):
 def test_a_copied_conversation_never_writes_into_its_originals_cache(tiny_model):
     """Packed caches grow in place, so only their owner appends: a copy of a conversation (a fork)
     copies the cache first, and both continue exactly as they would alone."""
-    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=True)
+    pol = HFPolicy(tiny_model.model, tiny_model.tokenizer, packed=True, generation_dtype=FP32)
     conv = _convs(1)
     _extend(conv, pol.act(conv, GREEDY), 0)
     fork = copy.deepcopy(conv)
     fork[0].messages[-1] = Message("user", "A different room.")
     a, b = pol.act(conv, GREEDY)[0], pol.act(fork, GREEDY)[0]
-    naive = HFPolicy(tiny_model.model, tiny_model.tokenizer, reuse_cache=False)
+    naive = HFPolicy(tiny_model.model, tiny_model.tokenizer, reuse_cache=False, generation_dtype=FP32)
     assert a.action_ids == naive.act(copy.deepcopy(conv), GREEDY)[0].action_ids
     assert b.action_ids == naive.act(copy.deepcopy(fork), GREEDY)[0].action_ids
 
@@ -366,9 +369,42 @@ def test_a_model_the_packed_loop_does_not_match_falls_back_to_padded(tiny_model)
     type_ = type("ScaledLayer", (type(layer),), {"forward": lambda self, h, *a, **k: plain(self, 2 * h, *a, **k)})
     layer.__class__ = type_
     assert PackedLM.build(model) is None
-    pol = HFPolicy(model, tiny_model.tokenizer, packed=True)
+    pol = HFPolicy(model, tiny_model.tokenizer, packed=True, generation_dtype=FP32)
     assert pol.packed is None
     u = pol.act(_convs(1), GREEDY)[0]
     with torch.no_grad():
         logits = model(torch.tensor([u.prompt_ids + u.action_ids])).logits[0, len(u.prompt_ids) - 1 : -1]
     assert logits.argmax(-1).tolist() == u.action_ids
+
+
+def test_bf16_generation_copies_the_weights_and_follows_training(tiny_model):
+    """generation_dtype=bf16: greedy tokens are the argmax of a bf16 copy of the model, the copy is
+    refreshed by invalidate_caches after the fp32 weights change, and the fp32 weights never change."""
+    model = copy.deepcopy(tiny_model.model)
+    pol = HFPolicy(model, tiny_model.tokenizer, packed=True, generation_dtype=torch.bfloat16)
+    assert pol.packed is not None and pol.packed.dtype == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.float32
+
+    def argmax_of_bf16_copy(u):
+        ref = copy.deepcopy(model).to(torch.bfloat16)
+        with torch.no_grad():
+            logits = ref(torch.tensor([u.prompt_ids + u.action_ids])).logits[0, len(u.prompt_ids) - 1 : -1]
+        return logits.float().argmax(-1).tolist()
+
+    u = pol.act(_convs(1), GREEDY)[0]
+    assert u.action_ids == argmax_of_bf16_copy(u)
+    with torch.no_grad():  # a "training step" on the fp32 weights
+        model.lm_head.weight.mul_(-1.0)
+    pol.invalidate_caches()
+    v = pol.act(_convs(1), GREEDY)[0]
+    assert v.action_ids != u.action_ids and v.action_ids == argmax_of_bf16_copy(v)
+
+
+def test_a_trainer_generates_in_its_update_precision(tiny_model, tmp_path):
+    from turngym.trainers.pg import PGConfig, PGTrainer
+
+    for autocast, want in (("none", None), ("bf16", torch.bfloat16)):
+        pol = HFPolicy(copy.deepcopy(tiny_model.model), tiny_model.tokenizer, packed=True)
+        PGTrainer(pol, "tests/Guess-v0", PGConfig(algo="rloo", group_size=2, episodes_per_iter=2, autocast=autocast),
+                  out_dir=tmp_path / autocast).setup()
+        assert pol.generation_dtype == want

@@ -18,7 +18,9 @@ The sampling loop is our own (one forward per token over the batch) rather than
   that new episodes share once, keeps it (``shared_prefix``), and starts every new episode from it.
 - packed forwards (``packed.py``, the CPU default): a batch's new tokens run as one unpadded
   sequence, each conversation attending to its own growing cache. The padded batch (``packed=False``,
-  the GPU default, where one big kernel beats many small ones) pads rows to the longest.
+  the GPU default, where one big kernel beats many small ones) pads rows to the longest. On a CPU
+  with native bf16 they generate from a bf16 copy of the weights (``generation_dtype``), refreshed
+  by ``invalidate_caches``.
 
 Caches are tied to the weights they were computed with: after changing the model's weights
 (a training step), call ``invalidate_caches()`` so the next turn re-prefills.
@@ -35,7 +37,7 @@ import torch
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.agents.chat import ChatRenderer, chatml_tools_template
 from turngym.agents.kvcache import RowCache, common_prefix, split, stack, supports_reuse
-from turngym.agents.packed import PackedLM, SlotCache
+from turngym.agents.packed import PackedLM, SlotCache, native_bf16
 from turngym.agents.sampling import StopChecker, make_generators, row_seeds, sample_next
 from turngym.tools.base import ToolRegistry
 from turngym.tools.formats import get_format
@@ -94,6 +96,9 @@ class HFPolicy:
         share_prefix: Prefill the prompt prefix that new episodes share once (with ``reuse_cache``).
         packed: Run forwards unpadded, one KV buffer per conversation (``packed.PackedLM``); ``None``
             = on a CPU. Used only with ``reuse_cache`` and when the model passes the packed probe.
+        generation_dtype: The packed engine's weights: ``"auto"`` = bf16 where the device computes it
+            natively (``packed.native_bf16``) and the model is fp32, else the model's own dtype; or a
+            ``torch.dtype``. A trainer sets it to its update's precision.
 
     Raises:
         ValueError: the tokenizer has no usable chat template.
@@ -113,6 +118,7 @@ class HFPolicy:
         max_batch_size: int | None = None,
         share_prefix: bool = True,
         packed: bool | None = None,
+        generation_dtype: torch.dtype | str = "auto",
     ) -> None:
         self.model, self.tokenizer = _load(model_or_path, tokenizer, device, dtype)
         self.model.eval()
@@ -133,6 +139,11 @@ class HFPolicy:
             packed = self.device.type == "cpu"
         self.use_packed = bool(packed) and self.reuse_cache
         self._packed: PackedLM | None = None
+        self._synced_epoch = 0
+        if generation_dtype == "auto":
+            fp32 = next(self.model.parameters()).dtype == torch.float32
+            generation_dtype = torch.bfloat16 if fp32 and native_bf16(self.device) else None
+        self.generation_dtype: torch.dtype | None = generation_dtype
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "sampled_tokens": 0}
 
     @property
@@ -142,10 +153,15 @@ class HFPolicy:
         failed the probe."""
         if not self.use_packed or _is_fsdp(self.model):
             return None
-        if self._packed is None or self._packed.model is not self.model:
-            self._packed = PackedLM.build(self.model)
+        want = self.generation_dtype or next(self.model.parameters()).dtype
+        if self._packed is None or self._packed.model is not self.model or self._packed.dtype != want:
+            self._packed = PackedLM.build(self.model, self.generation_dtype)
+            self._synced_epoch = self.epoch
             if self._packed is None:
                 self.use_packed = False
+        elif self._synced_epoch != self.epoch:  # new weights: refresh the generating copy
+            self._packed.sync()
+            self._synced_epoch = self.epoch
         return self._packed
 
     def invalidate_caches(self) -> None:
@@ -226,8 +242,11 @@ class HFPolicy:
         return held[1]
 
     def _usable(self, cache: RowCache | SlotCache) -> bool:
-        """Made with the current weights, by the engine (packed or padded) that runs now."""
-        return cache.epoch == self.epoch and isinstance(cache, SlotCache) == (self.packed is not None)
+        """Made with the current weights, by the engine (packed or padded) that runs now, in its dtype."""
+        packed = self.packed
+        if cache.epoch != self.epoch or isinstance(cache, SlotCache) != (packed is not None):
+            return False
+        return packed is None or not cache.keys or cache.keys[0].dtype == packed.dtype
 
     def _prefix_for(self, prompt: list[int]) -> RowCache | SlotCache | None:
         """The shared prefix cache when it covers enough of this new episode's prompt."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from turngym.agents.packed import native_bf16
 from turngym.trainers import functional as Fn
 from turngym.trainers.distributed import DistContext, is_sharded
 from turngym.trainers.sequences import PackedBatch, score, score_forward
@@ -93,9 +94,7 @@ def use_bf16(mode: str, device: str) -> bool:
     AVX2 AMD EPYC, which made the quickstart's SFT stage about 15x slower than on a bf16 CPU."""
     if mode != "auto":
         return mode == "bf16"
-    if device != "cpu":
-        return True
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return device != "cpu" or native_bf16(device)
 
 
 def _blocks(model: torch.nn.Module) -> torch.nn.ModuleList:

@@ -40,7 +40,7 @@ from turngym.envs.wrappers import make_revisit_limited
 from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict
 from turngym.rollout import AsyncCollector, EnvPools, EpisodeSpec, make_env_factory, rollout
 from turngym.trainers import functional as Fn
-from turngym.trainers.actor import frozen_copy, prepare_trainable, shard_model
+from turngym.trainers.actor import frozen_copy, prepare_trainable, shard_model, use_bf16
 from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from turngym.trainers.distributed import (
     DistContext,
@@ -284,6 +284,9 @@ class OnlineTrainer:
         self.ref = frozen_copy(self.policy.model) if self.needs_reference() else None
         self.policy.model = prepare_trainable(self.policy.model, cfg.trainable, cfg.lora_r, cfg.lora_alpha)
         self.model = self.policy.model
+        if hasattr(self.policy, "generation_dtype"):  # sample in the update's precision (see old_logprobs)
+            bf16 = use_bf16(cfg.autocast, next(self.model.parameters()).device.type)
+            self.policy.generation_dtype = torch.bfloat16 if bf16 else None
         self.ctx.broadcast_params(self.model)  # e.g. LoRA adapters start random on each rank
         if cfg.sharding == "fsdp":  # before the optimizer, which must hold the shards
             self.model = self.policy.model = shard_model(self.model, self.ctx)
