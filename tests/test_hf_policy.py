@@ -391,8 +391,14 @@ def test_bf16_generation_copies_the_weights_and_follows_training(tiny_model):
             logits = ref(torch.tensor([u.prompt_ids + u.action_ids])).logits[0, len(u.prompt_ids) - 1 : -1]
         return logits.float().argmax(-1).tolist()
 
-    u = pol.act(_convs(1), GREEDY)[0]
+    conv = _convs(1)
+    u = pol.act(conv, GREEDY)[0]
     assert u.action_ids == argmax_of_bf16_copy(u)
+    _extend(conv, [u], 0)
+    before = pol.stats["reused_tokens"]
+    u2 = pol.act(conv, GREEDY)[0]  # the next turn continues from the conversation's cache
+    assert pol.stats["reused_tokens"] - before == len(u.prompt_ids) + len(u.action_ids) - 1
+    assert u2.action_ids == argmax_of_bf16_copy(u2)
     with torch.no_grad():  # a "training step" on the fp32 weights
         model.lm_head.weight.mul_(-1.0)
     pol.invalidate_caches()

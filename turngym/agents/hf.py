@@ -246,7 +246,7 @@ class HFPolicy:
         packed = self.packed
         if cache.epoch != self.epoch or isinstance(cache, SlotCache) != (packed is not None):
             return False
-        return packed is None or not cache.keys or cache.keys[0].dtype == packed.dtype
+        return packed is None or not cache.keys or cache.keys[0].dtype == packed.attn_dtype
 
     def _prefix_for(self, prompt: list[int]) -> RowCache | SlotCache | None:
         """The shared prefix cache when it covers enough of this new episode's prompt."""
