@@ -103,12 +103,12 @@ def _batch(policy, n=4):
     return pack_batch(trajs, policy.pad_id)
 
 
-def _update(policy, batch, **kw):
+def _update(policy, batch, adv=None, **kw):
     model = policy.model
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cfg = PGConfig(algo="reinforce", episodes_per_iter=4, minibatch_size=4, **kw)
-    adv = torch.linspace(-1, 1, batch.old_logprobs.numel())
+    cfg = PGConfig(**{"algo": "reinforce", "episodes_per_iter": 4, "minibatch_size": 4, **kw})
+    adv = torch.linspace(-1, 1, batch.old_logprobs.numel()) if adv is None else adv
     metrics = actor_update(model, opt, batch, adv, None, cfg, torch.Generator().manual_seed(0))
     after = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
@@ -191,3 +191,33 @@ def test_contrast_sampling_records_outcomes_and_resumes_them(policy, tmp_path):
     b.load(tmp_path / "a" / "checkpoint")
     assert b.task_outcomes == a.task_outcomes
     assert b.schedule(4, 2) == a.schedule(4, 2)
+
+
+def test_weighted_nll_loss_by_hand():
+    logprobs = torch.tensor([-0.5, -1.0, -2.0, -4.0])
+    adv = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    # -(1 * -0.5 + 1 * -1.0 + 0 * -2.0) / 3 tokens
+    torch.testing.assert_close(Fn.weighted_nll_loss(logprobs, adv, mask), torch.tensor(0.5))
+
+
+def test_filtered_bc_with_the_nll_loss_is_sft_on_the_chosen_episodes(policy):
+    """pg_loss=nll (filtered BC's default): A = 1 on every token gives the SFT stage's loss and
+    gradient, whatever the recorded log-probs (no ratio)."""
+    from turngym.trainers.sequences import score
+
+    batch = _batch(policy)
+    batch.old_logprobs = batch.old_logprobs - 3.0  # would put a PPO ratio far from 1
+    ones = torch.ones(batch.old_logprobs.numel())
+    after, metrics = _update(policy, batch, adv=ones, micro_batch_size=4, algo="filtered_bc", group_size=2,
+                             autocast="none", actor_lr=0.1, max_grad_norm=1e9)
+    model = policy.model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.train()
+    loss = -score(model, batch).logprobs.mean()  # the SFT stage's loss
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    assert metrics["actor/pg_loss"] == pytest.approx(loss.item(), abs=1e-5)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(after[n], p.detach(), atol=1e-6, rtol=1e-5)

@@ -147,7 +147,9 @@ def actor_update(
     """
     model.train()
     ctx = ctx or DistContext()
-    if rescore_old_logprobs(cfg.old_logprobs, model, cfg.autocast, getattr(cfg, "rollout_engine", "hf")):
+    # the NLL loss uses no ratio, so no old log-probs either
+    if loss_kind(cfg) == "ppo" and rescore_old_logprobs(cfg.old_logprobs, model, cfg.autocast,
+                                                       getattr(cfg, "rollout_engine", "hf")):
         batch.old_logprobs = rescored_logprobs(model, batch, cfg)
     B = batch.input_ids.shape[0]
     params = [p for p in model.parameters() if p.requires_grad]
@@ -234,7 +236,10 @@ def _minibatch_backward(model: torch.nn.Module, batch: PackedBatch, rows: list[i
     adv = token_adv[keep].to(out.logprobs.device)
     old = sub.old_logprobs.to(adv.device)
     ones = torch.ones_like(adv)
-    pg_loss, clip_frac = Fn.clipped_pg_loss(out.logprobs, old, adv, ones, cfg.clip_coef)
+    if loss_kind(cfg) == "nll":
+        pg_loss, clip_frac = Fn.weighted_nll_loss(out.logprobs, adv, ones), 0.0
+    else:
+        pg_loss, clip_frac = Fn.clipped_pg_loss(out.logprobs, old, adv, ones, cfg.clip_coef)
     loss = pg_loss
     kl = torch.zeros(())
     if ref_logprobs is not None:
@@ -247,6 +252,14 @@ def _minibatch_backward(model: torch.nn.Module, batch: PackedBatch, rows: list[i
     (weight * loss).backward()
     return {"actor/pg_loss": pg_loss.item(), "actor/kl": kl.item(), "actor/entropy": entropy.item(),
             "actor/clip_frac": float(clip_frac), "actor/logprob_drift": (out.logprobs.detach() - old).abs().mean().item()}
+
+
+def loss_kind(cfg: Any) -> str:
+    """``cfg.pg_loss`` with ``auto`` decided: nll for filtered BC (it clones), ppo otherwise."""
+    kind = getattr(cfg, "pg_loss", "ppo")
+    if kind == "auto":
+        return "nll" if getattr(cfg, "algo", "") == "filtered_bc" else "ppo"
+    return kind
 
 
 def advantage_stats(adv: torch.Tensor, prefix: str = "adv") -> dict[str, float]:

@@ -227,6 +227,13 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp_min(1.0)
 
 
+def weighted_nll_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``-mean(A * log pi)`` over policy tokens: with ``A`` in {0, 1} the SFT loss on the chosen
+    tokens (filtered BC). Unlike the surrogate's ``-rho * A`` it does not grow with the ratio, so
+    several epochs over the same episodes fit them as SFT does instead of feeding back on themselves."""
+    return -masked_mean(logprobs * advantages, mask)
+
+
 def clipped_pg_loss(
     logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_coef: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -74,6 +74,8 @@ class OnlineConfig:
     actor_warmup_steps: int = knob(0, "optimizer steps over which the actor lr ramps linearly up to actor_lr "
                                       "(Adam's first steps move every weight by about lr, whatever its gradient)")
     clip_coef: float = knob(0.2, "PPO ratio clip; 0 disables clipping")
+    pg_loss: str = knob("auto", "ppo: the clipped surrogate | nll: -A log pi (SFT on the chosen tokens) | auto: nll "
+                                "for filtered_bc, ppo otherwise")
     kl_coef: float = knob(0.0, "weight of the KL(pi || reference) guard")
     ent_coef: float = knob(0.0, "weight of the entropy bonus")
     max_grad_norm: float = knob(1.0, "gradient clipping")
@@ -137,6 +139,8 @@ class OnlineConfig:
         if self.rollout_engine == "vllm" and (self.sharding != "none" or self.async_staleness >= 0):
             raise ValueError("rollout_engine=vllm runs in one process with synchronous collection "
                              "(sharding=none, async_staleness=-1)")
+        if self.pg_loss not in ("auto", "ppo", "nll"):
+            raise ValueError(f"pg_loss must be auto, ppo or nll, got {self.pg_loss!r}")
         if self.task_sampling not in ("uniform", "contrast"):
             raise ValueError(f"task_sampling must be uniform or contrast, got {self.task_sampling!r}")
         if self.env_workers not in ("local", "thread", "subprocess", "ray"):
