@@ -221,3 +221,33 @@ def test_filtered_bc_with_the_nll_loss_is_sft_on_the_chosen_episodes(policy):
     assert metrics["actor/pg_loss"] == pytest.approx(loss.item(), abs=1e-5)
     for n, p in model.named_parameters():
         torch.testing.assert_close(after[n], p.detach(), atol=1e-6, rtol=1e-5)
+
+
+def test_greedy_in_group_plays_each_groups_first_episode_greedily(policy):
+    from turngym.trainers.trainer import task_schedule
+
+    specs = task_schedule(["1", "2", "3"], 6, seed=0, iteration=0, group_size=3, greedy_first=True)
+    assert [s.greedy for s in specs] == [True, False, False, True, False, False]
+    assert len({(s.task_id, s.seed) for s in specs[:3]}) == 1  # one task and reset per group
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8, seed=4)
+    trajs = rollout(policy, make_env_factory(ENV), specs, sampling=sp, num_envs=6, progress=False)
+    alone = rollout(policy, make_env_factory(ENV), [s for s in specs if s.greedy],
+                    sampling=SamplingParams(temperature=0.0, max_new_tokens=8), num_envs=2, progress=False)
+    greedy = [t for t, s in zip(trajs, specs) if s.greedy]
+    assert [t.metadata.get("greedy") for t in trajs] == [s.greedy or None for s in specs]
+    # the anchors play exactly what a greedy rollout plays, though they share batches with samples
+    assert [[x.action_ids for x in t.turns] for t in greedy] == [[x.action_ids for x in t.turns] for t in alone]
+
+
+def test_greedy_in_group_drops_groups_greedy_decoding_already_wins(policy, tmp_path):
+    cfg = PGConfig(algo="rloo", iterations=1, episodes_per_iter=4, group_size=2, greedy_in_group=True,
+                   filter_equal_groups=False)
+    trainer = PGTrainer(policy, ENV, cfg, out_dir=tmp_path)
+    won, lost = Trajectory("a", [Turn("x")], outcome=1.0), Trajectory("b", [Turn("x")], outcome=0.0)
+    trajs = [won, lost, lost, won]  # group 1: greedy won; group 2: greedy lost, a sample won
+    metrics: dict = {}
+    kept, adv = trainer._contrast_only(trajs, [[1.0], [0.0], [0.0], [1.0]], [[0.5], [-0.5], [-0.5], [0.5]], metrics)
+    assert kept == [lost, won] and adv == [[-0.5], [0.5]]
+    assert metrics["pg/greedy_success"] == 0.5 and metrics["pg/episodes_trained"] == 2
+    with pytest.raises(ValueError, match="greedy_in_group"):
+        PGConfig(algo="rloo", group_size=2, episodes_per_iter=2, greedy_in_group=True, async_staleness=0)

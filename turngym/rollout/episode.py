@@ -21,10 +21,15 @@ from turngym.types import Message, ToolCall, Trajectory, Turn
 
 @dataclass(frozen=True)
 class EpisodeSpec:
-    """Which episode to play: a task and the reset seed (same pair => same episode start)."""
+    """Which episode to play: a task and the reset seed (same pair => same episode start).
+
+    ``greedy`` plays it at temperature 0 whatever the rollout's sampling (a group's greedy anchor,
+    see ``OnlineConfig.greedy_in_group``); the trajectory's metadata records it.
+    """
 
     task_id: str | None
     seed: int
+    greedy: bool = False
 
 
 def make_env_factory(env_id: str, **kwargs: Any) -> functools.partial:
@@ -97,7 +102,7 @@ def reset_kwargs(spec: EpisodeSpec) -> dict[str, Any]:
 
 def begin_episode(spec: EpisodeSpec, result, env_desc: dict, metadata: dict | None, t0: float) -> Live:
     """An episode from its reset's result ``(obs, info)``; truncated if the reset crashed."""
-    meta = {"seed": spec.seed, **(metadata or {})}
+    meta = {"seed": spec.seed, **({"greedy": True} if spec.greedy else {}), **(metadata or {})}
     if isinstance(result, EnvCrashed):
         traj = Trajectory(str(spec.task_id), truncated=True, metadata={**meta, "error": str(result)})
         return Live(spec, Conversation([]), traj, t0)

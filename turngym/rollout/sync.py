@@ -12,6 +12,7 @@ and its episode is kept, marked truncated, with the error in its metadata.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -90,9 +91,16 @@ def _sync_loop(policy, handles, specs, sampling, progress, metadata) -> list[Tra
         bar.update(1)
 
     _fill(handles, list(range(len(handles))), queue, live, env_desc, metadata, finish)
+    greedy = dataclasses.replace(sampling or SamplingParams(), temperature=0.0)
     while live:
         slots = sorted(live)
-        utts = act_checked(policy, [live[s][1].conv for s in slots], sampling)
+        utts = [None] * len(slots)
+        # greedy episodes (EpisodeSpec.greedy) and sampled ones answer in one act call each
+        for params, want in ((sampling, False), (greedy, True)):
+            part = [i for i, s in enumerate(slots) if live[s][1].spec.greedy == want]
+            if part:
+                for i, u in zip(part, act_checked(policy, [live[slots[i]][1].conv for i in part], params)):
+                    utts[i] = u
         for s, utt in zip(slots, utts):  # every env steps at once; the barrier is the recv loop below
             handles[s].send("step", utt.text)
         freed = []

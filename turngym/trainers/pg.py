@@ -140,18 +140,23 @@ class PGTrainer(OnlineTrainer):
     def _contrast_only(self, trajs: list[Trajectory], rewards: list[list[float]], per_turn: list[list[float]],
                        metrics: dict) -> tuple[list[Trajectory], list[list[float]]]:
         """The episodes worth an update: groups with different returns (``filter_equal_groups``;
-        filtered BC clones a group's best success even when all of them succeeded), and for filtered
-        BC only the chosen episodes."""
+        filtered BC clones a group's best success even when all of them succeeded), not groups whose
+        greedy episode succeeded (``greedy_in_group``), and for filtered BC only the chosen episodes."""
         cfg, n = self.cfg, self.cfg.group_size
         keep = [True] * len(trajs)
+        if cfg.greedy_in_group and n > 1:  # greedy decoding already solves these tasks: nothing to fix
+            greedy_won = [trajs[i - i % n].success for i in range(len(trajs))]
+            keep = [not w for w in greedy_won]
+            metrics["pg/greedy_success"] = sum(greedy_won[::n]) / max(1, len(trajs) // n)
         if cfg.filter_equal_groups and n > 1 and cfg.algo not in ("reinforce", "filtered_bc"):
             returns = torch.tensor([sum(r) for r in rewards], dtype=torch.float32).reshape(-1, n)
             groups = Fn.equal_group_mask(returns)
-            keep = [bool(groups[i // n]) for i in range(len(trajs))]
+            keep = [k and bool(groups[i // n]) for i, k in enumerate(keep)]
             metrics["pg/groups_kept"] = float(groups.float().mean())
         if cfg.algo == "filtered_bc":
             keep = [k and any(a != 0 for a in adv) for k, adv in zip(keep, per_turn)]
-        if self.ctx.enabled:  # ranks step jointly: keep every row (dropped ones have zero advantage anyway)
+        if self.ctx.enabled:  # ranks step jointly: keep every row, with no advantage on the dropped ones
+            per_turn = [adv if k else [0.0] * len(adv) for k, adv in zip(keep, per_turn)]
             keep = [True] * len(trajs)
         kept = [i for i, k in enumerate(keep) if k]
         metrics["pg/episodes_trained"] = float(len(kept))

@@ -101,6 +101,10 @@ class OnlineConfig:
                             "kv_cache_gib; default max_model_len 4096, kv_cache_gib 4)")
     async_staleness: int = knob(-1, "-1: collect, then update; k >= 0: keep collecting on a background thread "
                                     "during updates, training on episodes at most k policy versions old")
+    greedy_in_group: bool = knob(False, "play the first episode of every group greedily (temperature 0): the group then "
+                                        "shows what sampling finds beyond greedy decoding's own play, and the critic-free "
+                                        "trainers drop groups whose greedy episode already succeeded (held-out "
+                                        "evaluation is greedy: those tasks need no change)")
     task_sampling: str = knob("uniform", "uniform: tasks drawn at random | contrast: tasks drawn with weight p(1 - p), "
                                          "p = the task's smoothed success rate in its last group, so groups that are "
                                          "likely to hold both outcomes are played more (synchronous collection)")
@@ -141,6 +145,8 @@ class OnlineConfig:
                              "(sharding=none, async_staleness=-1)")
         if self.pg_loss not in ("auto", "ppo", "nll"):
             raise ValueError(f"pg_loss must be auto, ppo or nll, got {self.pg_loss!r}")
+        if self.greedy_in_group and self.async_staleness >= 0:
+            raise ValueError("greedy_in_group keeps groups together: use async_staleness=-1")
         if self.task_sampling not in ("uniform", "contrast"):
             raise ValueError(f"task_sampling must be uniform or contrast, got {self.task_sampling!r}")
         if self.env_workers not in ("local", "thread", "subprocess", "ray"):
@@ -165,9 +171,10 @@ def resolve_rollout_engine(cfg: OnlineConfig, distributed: bool = False) -> Onli
 
 
 def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_size: int = 1,
-                  weights: list[float] | None = None) -> list[EpisodeSpec]:
+                  weights: list[float] | None = None, greedy_first: bool = False) -> list[EpisodeSpec]:
     """``n`` episodes for one iteration: tasks drawn by (seed, iteration), each repeated
-    ``group_size`` times with one reset seed so a group replays the same start.
+    ``group_size`` times with one reset seed so a group replays the same start; with
+    ``greedy_first`` the first episode of each group is played greedily.
 
     With ``weights`` (one per task, > 0), tasks are drawn in proportion to them and without
     replacement while there are tasks left (Efraimidis-Spirakis keys ``u ** (1 / w)``)."""
@@ -180,7 +187,8 @@ def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_
         picks = [task_ids[keys[g % len(keys)]] for g in range(groups)]
     specs = []
     for g, task in enumerate(picks):
-        specs += [EpisodeSpec(task, seed * 1_000_003 + iteration * 1000 + g)] * group_size
+        reset_seed = seed * 1_000_003 + iteration * 1000 + g
+        specs += [EpisodeSpec(task, reset_seed, greedy=greedy_first and k == 0) for k in range(group_size)]
     return specs
 
 
@@ -318,7 +326,8 @@ class OnlineTrainer:
         weights = None
         if cfg.task_sampling == "contrast":
             weights = [Fn.contrast_weight(*self.task_outcomes.get(t, (0, 0))) for t in self.task_ids]
-        return task_schedule(self.task_ids, n, cfg.seed, self.iteration, group_size, weights)
+        return task_schedule(self.task_ids, n, cfg.seed, self.iteration, group_size, weights,
+                             greedy_first=cfg.greedy_in_group and group_size > 1)
 
     def record_outcomes(self, trajs: list[Trajectory]) -> None:
         """Remember each task's outcomes in this iteration (``task_sampling: contrast``)."""
