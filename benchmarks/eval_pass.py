@@ -1,19 +1,23 @@
-"""One held-out evaluation pass as ``turngym train`` plays it, before and after two savings.
+"""One held-out evaluation pass as ``turngym train`` plays it, with each saving turned on in turn.
 
 The quickstart's evaluation (greedy, xml tools, 16 tokens a turn, 32 games in flight) spends its
-time prefilling prompts and starting envs. Two changes cut both, and this script measures them on
-the same games in one run:
+time prefilling prompts and starting envs. This script plays the same games in one run:
 
-1. **before**: ``HFPolicy(share_prefix=False)``, envs opened for this pass and closed after it (as
-   every evaluation and collection did until 2026-11-24);
+1. **before**: ``HFPolicy(share_prefix=False, packed=False)`` in fp32, envs opened for this pass and
+   closed after it (as every evaluation and collection did until 2026-11-24);
 2. **shared prefix**: the system prompt and tool instructions that every new episode starts with
-   are prefilled once and reused (``HFPolicy``'s default);
-3. **shared prefix + kept envs**: the same, with the envs of an earlier pass kept open
-   (``EnvPools``): a TextWorld env's first reset starts its engine, later ones only load a game.
+   are prefilled once and reused;
+3. **+ kept envs**: the envs of an earlier pass kept open (``EnvPools``): a TextWorld env's first
+   reset starts its engine, later ones only load a game;
+4. **+ packed**: a batch's new tokens run unpadded, each conversation attending to its own KV
+   buffer (``agents/packed.py``, the CPU default since 2026-11-24);
+5. **+ bf16 weights** (``generation_dtype="auto"``, the default on a CPU with native bf16): the
+   packed engine multiplies with a bf16 copy of the weights; keys, values and attention stay fp32.
 
-Greedy decoding makes the three passes play identical tokens (checked and printed), so the wall
-time ratio is a pure speed ratio. The raw engine (``model.generate``) is not in this table: the
-per-turn comparison with it is ``benchmarks/rollout_tokens.py``.
+Passes 1-4 compute in fp32 and must play identical tokens (checked and printed), so their wall time
+ratio is a pure speed ratio. Pass 5 rounds differently and can choose other tokens: its success is
+printed next to its time. The raw engine (``model.generate``) is not in this table: the per-turn
+comparison with it is ``benchmarks/rollout_tokens.py``.
 
     python benchmarks/eval_pass.py --weights runs/quickstart/sft_model.pt          # 32 games
     python benchmarks/eval_pass.py --weights runs/quickstart/sft_model.pt --games 128
@@ -67,24 +71,31 @@ def main() -> None:
     print(f"{args.env} ({args.split}), {args.games} games, {args.num_envs} in flight, greedy, "
           f"{args.max_new_tokens} tokens a turn, torch threads {torch.get_num_threads()}, weights {args.weights}")
 
-    old, new = HFPolicy(model, tok, share_prefix=False), HFPolicy(model, tok)
+    fp32 = dict(generation_dtype=torch.float32)
+    plain = HFPolicy(model, tok, share_prefix=False, packed=False, **fp32)
+    shared = HFPolicy(model, tok, packed=False, **fp32)
+    packed = HFPolicy(model, tok, packed=True, **fp32)
+    bf16 = HFPolicy(model, tok, packed=True)  # generation_dtype="auto"
     rows = []
-    trajs_old, wall, pre = one_pass(old, make_env, specs, args)
+    trajs_old, wall, pre = one_pass(plain, make_env, specs, args)
     rows.append(("before: no shared prefix, envs opened per pass", wall, pre, trajs_old))
-    trajs, wall, pre = one_pass(new, make_env, specs, args)
+    trajs, wall, pre = one_pass(shared, make_env, specs, args)
     rows.append(("shared prefix, envs opened per pass", wall, pre, trajs))
     with EnvPools() as pools:
-        one_pass(new, make_env, specs[: args.num_envs], args, pools)  # opens the envs (an earlier evaluation)
-        trajs, wall, pre = one_pass(new, make_env, specs, args, pools)
-        rows.append(("shared prefix + envs kept open", wall, pre, trajs))
+        one_pass(shared, make_env, specs[: args.num_envs], args, pools)  # opens the envs (an earlier evaluation)
+        for name, policy in (("shared prefix + envs kept open", shared), ("+ packed", packed),
+                             (f"+ packed, {bf16.generation_dtype or 'fp32'} weights", bf16)):
+            trajs, wall, pre = one_pass(policy, make_env, specs, args, pools)
+            rows.append((name, wall, pre, trajs))
 
     tokens = [[t.action_ids for t in tr.turns] for tr in trajs_old]
     turns = sum(len(tr.turns) for tr in trajs_old)
-    print(f"turns played: {turns}; success {sum(t.success for t in trajs_old)}/{len(trajs_old)}")
-    print(f"{'pass':48s} {'wall s':>8s} {'prefilled tokens':>17s} {'speedup':>8s}  same tokens")
+    print(f"turns played (before): {turns}")
+    print(f"{'pass':48s} {'wall s':>8s} {'prefilled tokens':>17s} {'speedup':>8s}  same tokens  success")
     for name, wall, pre, tr in rows:
         same = [[t.action_ids for t in x.turns] for x in tr] == tokens
-        print(f"{name:48s} {wall:8.1f} {pre:17d} {rows[0][1] / wall:7.2f}x  {same}")
+        won = sum(t.success for t in tr)
+        print(f"{name:48s} {wall:8.1f} {pre:17d} {rows[0][1] / wall:7.2f}x  {str(same):11s}  {won}/{len(tr)}")
 
 
 if __name__ == "__main__":

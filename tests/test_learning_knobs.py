@@ -10,12 +10,12 @@ import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.envs.wrappers import RevisitLimit
-from turngym.rollout import episode_specs, make_env_factory, rollout
+from turngym.rollout import EpisodeSpec, episode_specs, make_env_factory, rollout
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, rescore_old_logprobs
 from turngym.trainers.pg import PGConfig, PGTrainer, turn_advantages
 from turngym.trainers.sequences import pack_batch
-from turngym.types import Trajectory, Turn
+from turngym.types import ToolCall, Trajectory, Turn
 
 ENV = "tests/Guess-v0"
 
@@ -55,17 +55,31 @@ def test_token_share_by_hand():
     assert Fn.token_share([0, 0]) == [0.0, 0.0]
 
 
+def _act(valid: bool = True) -> Turn:
+    """A parsed tool call the env accepted (or rejected)."""
+    return Turn("<act>x</act>", tool_calls=[ToolCall("c0", "act", {"command": "x"})], info={"action_valid": valid})
+
+
 def test_filtered_bc_turn_advantages():
     # group 1: a failure and a success; group 2: a success with a penalty, and a failure
-    trajs = [Trajectory("t", [Turn("a"), Turn("b")], outcome=o) for o in (0.0, 1.0, 1.0, 0.0)]
+    trajs = [Trajectory("t", [_act(), _act()], outcome=o) for o in (0.0, 1.0, 1.0, 0.0)]
     rewards = [[0.0, 0.0], [0.0, 1.0], [-0.1, 1.0], [0.0, 0.0]]
     cfg = PGConfig(algo="filtered_bc", group_size=2, episodes_per_iter=4)
     assert turn_advantages(trajs, rewards, cfg) == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]
 
 
+def test_filtered_bc_clones_only_the_valid_turns_of_the_chosen_episode():
+    # the chosen success: a rejected command, an unparseable answer, then two valid moves
+    best = Trajectory("t", [_act(valid=False), Turn("go east"), _act(), _act()], outcome=1.0)
+    failed = Trajectory("t", [_act()], outcome=0.0)
+    cfg = PGConfig(algo="filtered_bc", group_size=2, episodes_per_iter=2)
+    adv = turn_advantages([best, failed], [[-0.1, -0.1, 0.0, 1.0], [0.0]], cfg)
+    assert adv == [[0.0, 0.0, 1.0, 1.0], [0.0]]
+
+
 def test_filtered_bc_top_k_clones_the_shortest_successes():
     turns = [2, 4, 1, 3]  # one group of 4: three successes with the same return, one failure
-    trajs = [Trajectory("t", [Turn("a")] * k, outcome=o) for k, o in zip(turns, (1.0, 1.0, 0.0, 1.0))]
+    trajs = [Trajectory("t", [_act()] * k, outcome=o) for k, o in zip(turns, (1.0, 1.0, 0.0, 1.0))]
     rewards = [[0.0] * (k - 1) + [r] for k, r in zip(turns, (1.0, 1.0, 0.0, 1.0))]
     cfg = PGConfig(algo="filtered_bc", group_size=4, episodes_per_iter=4, bc_top_k=2)
     assert turn_advantages(trajs, rewards, cfg) == [[1.0] * 2, [0.0] * 4, [0.0], [1.0] * 3]
@@ -251,3 +265,31 @@ def test_greedy_in_group_drops_groups_greedy_decoding_already_wins(policy, tmp_p
     assert metrics["pg/greedy_success"] == 0.5 and metrics["pg/episodes_trained"] == 2
     with pytest.raises(ValueError, match="greedy_in_group"):
         PGConfig(algo="rloo", group_size=2, episodes_per_iter=2, greedy_in_group=True, async_staleness=0)
+
+
+def test_greedy_failed_sampling_screens_every_task_and_targets_the_failures(policy, tmp_path):
+    cfg = PGConfig(algo="rloo", iterations=2, episodes_per_iter=4, group_size=2, num_envs=4, max_new_tokens=6,
+                   reward=["env"], minibatch_size=2, task_sampling="greedy_failed", screen_every=2, autocast="none")
+    a = PGTrainer(policy, ENV, cfg, out_dir=tmp_path / "a")
+    a.setup()
+    a.screen()  # what a greedy rollout of every training task gives
+    greedy = rollout(policy, make_env_factory(ENV), [EpisodeSpec(t, i) for i, t in enumerate(a.task_ids)],
+                     sampling=SamplingParams(0.0, max_new_tokens=6), num_envs=4, progress=False)
+    assert a.greedy_outcomes == {t.task_id: t.success for t in greedy}
+    assert a.env_steps == sum(len(t.turns) for t in greedy)  # its env steps count
+    a.env_steps, a.greedy_outcomes = 0, {}
+    logs = a.train(progress=False, resume=False)
+    assert "screen/greedy_success" in logs[0] and "screen/greedy_success" not in logs[1]  # screen_every=2
+    assert logs[0]["env_steps"] > logs[0]["rollout/env_steps"]  # iteration 0: the screen plus 4 episodes
+    # tasks greedy decoding solved are drawn with weight 0.1, failed ones with 1
+    a.greedy_outcomes = {t: i == 0 for i, t in enumerate(a.task_ids)}
+    drawn = []
+    for it in range(60):
+        a.iteration = 2 * it + 1  # no screen due
+        drawn += [s.task_id for s in a.schedule(2, 2)]
+    assert drawn.count(a.task_ids[0]) < drawn.count(a.task_ids[1]) / 3
+    b = PGTrainer(policy, ENV, cfg, out_dir=tmp_path / "b")
+    b.load(tmp_path / "a" / "checkpoint")
+    assert set(b.greedy_outcomes) == set(a.task_ids)
+    with pytest.raises(ValueError, match="async_staleness"):
+        PGConfig(task_sampling="greedy_failed", async_staleness=0)

@@ -52,7 +52,7 @@ class EvalConfig:
 # The quickstart: what `turngym train` runs with no config (see configs/quickstart.yaml for the why
 # of each number). xml tool calls (<act>go east</act>) are ~8 tokens; the top 8 of SmolLM2's 30 blocks train.
 def _quickstart_sft() -> SFTConfig:
-    return SFTConfig(episodes=24, epochs=2, lr=1e-4, batch_size=4, trainable="top:8")
+    return SFTConfig(episodes=8, epochs=8, lr=3e-4, batch_size=4, trainable="top:8")
 
 
 def _quickstart_archer() -> ArcherConfig:
@@ -61,9 +61,10 @@ def _quickstart_archer() -> ArcherConfig:
 
 
 def _quickstart_pg() -> PGConfig:
-    return PGConfig(algo="filtered_bc", iterations=5, group_size=8, episodes_per_iter=32, num_envs=32,
-                    minibatch_size=16, micro_batch_size=4, top_p=0.9, max_state_visits=3, max_new_tokens=16,
-                    trainable="top:8", actor_lr=5e-5, actor_warmup_steps=2,
+    return PGConfig(algo="filtered_bc", iterations=100, time_budget_s=420, group_size=8, episodes_per_iter=64,
+                    num_envs=64, minibatch_size=8, micro_batch_size=4, top_p=1.0, max_state_visits=3,
+                    max_new_tokens=16, trainable="top:8", actor_lr=1e-4, actor_epochs=2, actor_warmup_steps=2,
+                    task_sampling="greedy_failed", screen_every=3,
                     reward=["env", {"name": "format", "unparseable": -0.1, "invalid": -0.1}])
 
 

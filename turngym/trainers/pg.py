@@ -8,9 +8,10 @@ and a reset seed (deterministic resets), so they differ only by the policy's sam
     grpo:       A = (R_i - mean_group R) / std_group R
     gigpo:      A_t = A^E(episode, as GRPO) + omega * A^S(step), where A^S normalises the
                 discounted step return G_t among steps taken from the same state_key in the group
-    filtered_bc: A = 1 on the ``bc_top_k`` best successful episodes of each group (highest return,
-                then fewest turns), else 0: online filtered behaviour cloning, the floor every RL
-                method must beat
+    filtered_bc: A = 1 on the valid turns of the ``bc_top_k`` best successful episodes of each group
+                (highest return, then fewest turns), else 0: online filtered behaviour cloning, the
+                floor every RL method must beat. A turn the env rejected (or could not parse) is not
+                cloned: it changed nothing in the game, and cloning it would teach the mistake
 
 Groups whose episodes all earned the same return carry no contrast; ``filter_equal_groups``
 drops them before the update (they cost a forward and backward and teach nothing).
@@ -30,6 +31,7 @@ import torch
 
 from turngym.config import knob
 from turngym.rewards import reward_stats
+from turngym.rewards.format import action_status
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.distributed import DistContext
@@ -79,7 +81,7 @@ def turn_advantages(trajs: list[Trajectory], rewards: list[list[float]], cfg: PG
         success = torch.tensor([float(t.success) for t in trajs]).reshape(-1, n)
         lengths = torch.tensor([len(t.turns) for t in trajs]).reshape(-1, n)
         ep = Fn.best_of_group_advantages(grouped, success, lengths, cfg.bc_top_k).reshape(-1)
-        return [[float(ep[i])] * len(t.turns) for i, t in enumerate(trajs)]
+        return [[float(ep[i]) * (action_status(x) == "valid") for x in t.turns] for i, t in enumerate(trajs)]
     # gigpo: flatten steps, with discounted step returns and anchor states
     step_returns, step_episode, groups, keys = [], [], [], []
     for i, (t, r) in enumerate(zip(trajs, rewards)):

@@ -53,6 +53,10 @@ from turngym.trainers.distributed import (
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
 from turngym.types import Trajectory
 
+# task_sampling=greedy_failed: a task greedy decoding solved keeps a small chance of a group, so
+# a fix that breaks it is still seen (and its successes still anchor the policy)
+SOLVED_TASK_WEIGHT = 0.1
+
 
 @dataclass
 class OnlineConfig:
@@ -107,7 +111,11 @@ class OnlineConfig:
                                         "evaluation is greedy: those tasks need no change)")
     task_sampling: str = knob("uniform", "uniform: tasks drawn at random | contrast: tasks drawn with weight p(1 - p), "
                                          "p = the task's smoothed success rate in its last group, so groups that are "
-                                         "likely to hold both outcomes are played more (synchronous collection)")
+                                         "likely to hold both outcomes are played more | greedy_failed: every "
+                                         "screen_every iterations each training task is played once greedily, and "
+                                         "groups go to the tasks greedy decoding fails (weight 1; solved ones 0.1) "
+                                         "(synchronous collection, one process)")
+    screen_every: int = knob(4, "task_sampling=greedy_failed: iterations between greedy screens of every training task")
     seed: int = knob(0, "seeds task order, sampling and minibatches")
     checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
     time_budget_s: float = knob(0.0, "stop after the iteration whose training seconds (collect + update, "
@@ -147,8 +155,12 @@ class OnlineConfig:
             raise ValueError(f"pg_loss must be auto, ppo or nll, got {self.pg_loss!r}")
         if self.greedy_in_group and self.async_staleness >= 0:
             raise ValueError("greedy_in_group keeps groups together: use async_staleness=-1")
-        if self.task_sampling not in ("uniform", "contrast"):
-            raise ValueError(f"task_sampling must be uniform or contrast, got {self.task_sampling!r}")
+        if self.task_sampling not in ("uniform", "contrast", "greedy_failed"):
+            raise ValueError(f"task_sampling must be uniform, contrast or greedy_failed, got {self.task_sampling!r}")
+        if self.task_sampling != "uniform" and self.async_staleness >= 0:
+            raise ValueError(f"task_sampling={self.task_sampling} weights each iteration's tasks: use async_staleness=-1")
+        if self.screen_every < 1:
+            raise ValueError(f"screen_every must be >= 1, got {self.screen_every}")
         if self.env_workers not in ("local", "thread", "subprocess", "ray"):
             raise ValueError(f"env_workers must be local, thread, subprocess or ray, got {self.env_workers!r}")
 
@@ -283,6 +295,8 @@ class OnlineTrainer:
         self.env_steps = 0
         self.train_seconds = 0.0  # wall-clock spent in iterations and checkpoints, not in on_iteration
         self.task_outcomes: dict[str, tuple[int, int]] = {}  # task -> (successes, episodes) of its last group
+        self.greedy_outcomes: dict[str, bool] = {}  # task -> whether its last greedy screen succeeded
+        self._screen_metrics: dict[str, float] = {}  # merged into the iteration's metrics by finish_step
         self._ready = False
 
     # ----- setup ---------------------------------------------------------------------------
@@ -326,8 +340,26 @@ class OnlineTrainer:
         weights = None
         if cfg.task_sampling == "contrast":
             weights = [Fn.contrast_weight(*self.task_outcomes.get(t, (0, 0))) for t in self.task_ids]
+        if cfg.task_sampling == "greedy_failed":
+            if self.iteration % cfg.screen_every == 0 or not self.greedy_outcomes:
+                self.screen()
+            weights = [SOLVED_TASK_WEIGHT if self.greedy_outcomes.get(t) else 1.0 for t in self.task_ids]
         return task_schedule(self.task_ids, n, cfg.seed, self.iteration, group_size, weights,
                              greedy_first=cfg.greedy_in_group and group_size > 1)
+
+    def screen(self) -> None:
+        """Play every training task once greedily (held-out evaluation is greedy) and remember
+        which ones fail: ``task_sampling: greedy_failed`` spends its groups there. Its env steps
+        count; its episodes train nothing."""
+        if self.ctx.enabled:
+            raise ValueError("task_sampling=greedy_failed screens in one process; not under torchrun")
+        t0 = time.perf_counter()
+        specs = [EpisodeSpec(t, self.cfg.seed * 1_000_003 + i, greedy=True) for i, t in enumerate(self.task_ids)]
+        trajs, metrics = self._collect(specs, 1)
+        self.greedy_outcomes = {t.task_id: bool(t.success) for t in trajs}
+        self.env_steps += int(metrics["rollout/env_steps"])
+        self._screen_metrics = {"screen/greedy_success": sum(self.greedy_outcomes.values()) / max(1, len(trajs)),
+                                "screen/seconds": time.perf_counter() - t0}
 
     def record_outcomes(self, trajs: list[Trajectory]) -> None:
         """Remember each task's outcomes in this iteration (``task_sampling: contrast``)."""
@@ -391,6 +423,8 @@ class OnlineTrainer:
 
     def finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
         """Advance the counters after an iteration and add them to its metrics."""
+        metrics.update(self._screen_metrics)
+        self._screen_metrics = {}
         self.iteration += 1
         self.env_steps += int(metrics["rollout/env_steps"])  # already summed over ranks
         metrics["env_steps"] = self.env_steps
@@ -482,6 +516,7 @@ class OnlineTrainer:
                 "model": model, "actor_opt": actor_opt,
                 "gen": self.gen.get_state(), "iteration": self.iteration, "env_steps": self.env_steps,
                 "train_seconds": self.train_seconds, "task_outcomes": dict(self.task_outcomes),
+                "greedy_outcomes": dict(self.greedy_outcomes),
                 "config": asdict(self.cfg), "reward": reward_state_dict(self.reward_fn),  # e.g. SPA's estimator
                 **self._extra_state(),
             })
@@ -499,6 +534,7 @@ class OnlineTrainer:
         self.iteration, self.env_steps = st["iteration"], st["env_steps"]
         self.train_seconds = float(st.get("train_seconds", 0.0))
         self.task_outcomes = {k: tuple(v) for k, v in st.get("task_outcomes", {}).items()}
+        self.greedy_outcomes = dict(st.get("greedy_outcomes", {}))
         self._load_extra_state(st)
         self.policy.invalidate_caches()
         return True
