@@ -293,3 +293,22 @@ def test_greedy_failed_sampling_screens_every_task_and_targets_the_failures(poli
     assert set(b.greedy_outcomes) == set(a.task_ids)
     with pytest.raises(ValueError, match="async_staleness"):
         PGConfig(task_sampling="greedy_failed", async_staleness=0)
+
+
+def test_expert_replay_adds_the_sft_data_to_every_filtered_bc_update(policy, tmp_path):
+    from turngym.trainers.sft import expert_data
+
+    cfg = PGConfig(algo="filtered_bc", iterations=1, episodes_per_iter=2, group_size=2, num_envs=2, max_new_tokens=6,
+                   reward=["env"], minibatch_size=4, expert_replay=2, autocast="none", actor_lr=1e-3)
+    trainer = PGTrainer(policy, ENV, cfg, out_dir=tmp_path)
+    trainer.setup()
+    # the SFT stage's data, token for token
+    want = expert_data(policy, ENV, 2)
+    assert [[x.action_ids for x in t.turns] for t in trainer.experts] == [[x.action_ids for x in t.turns] for t in want]
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    logs = trainer.train(progress=False, resume=False)
+    assert logs[0]["pg/expert_episodes"] == 2.0
+    # the demonstrations are trained on even in an iteration that cloned nothing
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters() if n in before)
+    with pytest.raises(ValueError, match="NLL"):
+        PGConfig(algo="rloo", group_size=2, episodes_per_iter=2, expert_replay=2)

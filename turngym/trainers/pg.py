@@ -33,9 +33,10 @@ from turngym.config import knob
 from turngym.rewards import reward_stats
 from turngym.rewards.format import action_status
 from turngym.trainers import functional as Fn
-from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
+from turngym.trainers.actor import actor_update, advantage_stats, loss_kind, reference_pass
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.sequences import pack_batch
+from turngym.trainers.sft import expert_data
 from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
 from turngym.types import Trajectory
 
@@ -52,6 +53,8 @@ class PGConfig(OnlineConfig):
     step_weight: float = knob(1.0, "GiGPO: omega, the weight of the step-level advantage")
     filter_equal_groups: bool = knob(True, "drop groups whose episodes all earned the same return")
     bc_top_k: int = knob(1, "filtered BC: successful episodes cloned per group (best return, then fewest turns)")
+    expert_replay: int = knob(0, "filtered BC: the oracle's episodes on the first N training tasks (the SFT stage's "
+                                 "data) join every update with A = 1, an anchor against drift as in PPO-ptx; 0 = off")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -61,6 +64,11 @@ class PGConfig(OnlineConfig):
             raise ValueError(f"{self.algo} needs group_size >= 2")
         if self.bc_top_k < 1:
             raise ValueError(f"bc_top_k must be >= 1, got {self.bc_top_k}")
+        if self.expert_replay < 0:
+            raise ValueError(f"expert_replay must be >= 0, got {self.expert_replay}")
+        if self.expert_replay and loss_kind(self) != "nll":
+            raise ValueError("expert_replay needs the NLL loss (algo=filtered_bc or pg_loss=nll): "
+                             "expert tokens have no sampling log-probs for a PPO ratio")
 
 
 def turn_advantages(trajs: list[Trajectory], rewards: list[list[float]], cfg: PGConfig) -> list[list[float]]:
@@ -115,6 +123,11 @@ class PGTrainer(OnlineTrainer):
         super().__init__(policy, env_id, cfg or PGConfig(), env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx,
                          rollouts=rollouts, pools=pools)
         self.name = self.cfg.algo
+        self.experts: list[Trajectory] = []
+
+    def _setup_extra(self) -> None:
+        if self.cfg.expert_replay:
+            self.experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed)
 
     def step(self) -> dict[str, float]:
         cfg = self.cfg
@@ -124,6 +137,9 @@ class PGTrainer(OnlineTrainer):
         metrics.update(reward_stats(self.reward_fn))  # G-RA gate rates, SPA fit error, shaping...
         per_turn = turn_advantages(trajs, rewards, cfg)
         trajs, per_turn = self._contrast_only(trajs, rewards, per_turn, metrics)
+        if self.experts:  # the clones plus the demonstrations, as one NLL batch (every iteration)
+            trajs, per_turn = trajs + self.experts, per_turn + [[1.0] * len(t.turns) for t in self.experts]
+            metrics["pg/expert_episodes"] = float(len(self.experts))
         if not trajs:  # no group held a contrast: nothing to learn from this iteration
             return self.finish_step(metrics)
         batch = pack_batch(trajs, self.policy.pad_id)

@@ -121,12 +121,22 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
 
 
 def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | None) -> list[Trajectory]:
-    """The oracle's successful episodes, tokenized for ``policy``."""
+    torch.manual_seed(cfg.seed)  # e.g. LoRA's initialisation: a resumed pipeline must redo SFT identically
+    return expert_data(policy, env_id, cfg.episodes, env_kwargs, cfg.seed)
+
+
+def expert_data(policy: Any, env_id: str, episodes: int, env_kwargs: dict | None = None,
+                seed: int = 0) -> list[Trajectory]:
+    """The oracle's successful episodes on the first ``episodes`` tasks (``expert_trajectories``),
+    tokenized for ``policy`` (``tokenize_expert``): the SFT stage's data.
+
+    Raises:
+        RuntimeError: the oracle solved none of them.
+    """
     probe = gym.make(env_id, **(env_kwargs or {}))
     desc = describe_env(probe)
     probe.close()
-    torch.manual_seed(cfg.seed)  # e.g. LoRA's initialisation: a resumed pipeline must redo SFT identically
-    experts = expert_trajectories(env_id, cfg.episodes, env_kwargs, cfg.seed)
+    experts = expert_trajectories(env_id, episodes, env_kwargs, seed)
     if not experts:
         raise RuntimeError(f"the oracle of {env_id} solved no episode; nothing to imitate")
     return [tokenize_expert(policy, t, desc["tools"], desc["tool_format"]) for t in experts]
