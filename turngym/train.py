@@ -28,6 +28,7 @@ from turngym.bench.evaluate import evaluate
 from turngym.bench.metrics import bootstrap_diff
 from turngym.config import apply_overrides, describe, knob, load_yaml
 from turngym.rollout import EnvPools
+from turngym.trainers.actor import loss_kind
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
 from turngym.trainers.checkpoint import has_checkpoint
 from turngym.trainers.distributed import DistContext, full_params, is_sharded, model_state_dict
@@ -64,7 +65,7 @@ def _quickstart_pg() -> PGConfig:
     return PGConfig(algo="filtered_bc", iterations=100, time_budget_s=420, group_size=8, episodes_per_iter=64,
                     num_envs=64, minibatch_size=8, micro_batch_size=4, top_p=1.0, max_state_visits=3,
                     max_new_tokens=16, trainable="top:8", actor_lr=1e-4, actor_epochs=2, actor_warmup_steps=2,
-                    task_sampling="greedy_failed", screen_every=3,
+                    task_sampling="greedy_failed", screen_every=3, expert_replay=8,
                     reward=["env", {"name": "format", "unparseable": -0.1, "invalid": -0.1}])
 
 
@@ -89,7 +90,10 @@ class TrainConfig:
         if self.algo != "archer" and self.algo not in ALGOS:
             raise ValueError(f"algo must be archer or one of {ALGOS}, got {self.algo!r}")
         if self.algo in ALGOS and self.pg.algo != self.algo:
-            self.pg = PGConfig(**{**asdict(self.pg), "algo": self.algo})
+            # expert replay is part of filtered BC's NLL update; another algo's PPO loss cannot take it
+            replay = self.pg.expert_replay if loss_kind(PGConfig(**{**asdict(self.pg), "algo": self.algo,
+                                                                   "expert_replay": 0})) == "nll" else 0
+            self.pg = PGConfig(**{**asdict(self.pg), "algo": self.algo, "expert_replay": replay})
 
 
 def load_policy(spec: str) -> Any:
