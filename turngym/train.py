@@ -19,6 +19,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -91,9 +92,10 @@ class TrainConfig:
             raise ValueError(f"algo must be archer or one of {ALGOS}, got {self.algo!r}")
         if self.algo in ALGOS and self.pg.algo != self.algo:
             # expert replay is part of filtered BC's NLL update; another algo's PPO loss cannot take it
-            replay = self.pg.expert_replay if loss_kind(PGConfig(**{**asdict(self.pg), "algo": self.algo,
-                                                                   "expert_replay": 0})) == "nll" else 0
-            self.pg = PGConfig(**{**asdict(self.pg), "algo": self.algo, "expert_replay": replay})
+            fields = {**asdict(self.pg), "algo": self.algo}
+            if loss_kind(SimpleNamespace(**fields)) != "nll":
+                fields["expert_replay"] = 0
+            self.pg = PGConfig(**fields)
 
 
 def load_policy(spec: str) -> Any:
