@@ -10,6 +10,13 @@ register(
     description="Multi-hop QA over a generated encyclopedia of fictional entities (BM25 search)",
 )
 register(
+    "turngym/Search-synthetic-large-v0",
+    entry_point="turngym.envs.search.env:SearchEnv",
+    kwargs={"suite": "synthetic", "n_people": 320, "n_companies": 192},
+    max_turns=12,
+    description="The synthetic encyclopedia at 8x the size: about 650 questions, 130 of them held out",
+)
+register(
     "turngym/Search-hotpotqa-v0",
     entry_point="turngym.envs.search.env:SearchEnv",
     kwargs={"suite": "hotpotqa"},

@@ -27,10 +27,12 @@ SYSTEM_PROMPT = (
 )
 
 
-def load_suite(suite: str, seed: int = 0, data_dir: str | None = None, hotpot_file: str | None = None) -> QASuite:
-    """``synthetic`` (bundled) or ``hotpotqa`` (a local copy or the download cache)."""
+def load_suite(suite: str, seed: int = 0, data_dir: str | None = None, hotpot_file: str | None = None,
+               sizes: dict | None = None) -> QASuite:
+    """``synthetic`` (bundled; ``sizes``: ``synthetic_suite``'s ``n_people`` / ``n_companies``) or
+    ``hotpotqa`` (a local copy or the download cache)."""
     if suite == "synthetic":
-        return synthetic_suite(seed)
+        return synthetic_suite(seed, **(sizes or {}))
     if suite == "hotpotqa":
         if hotpot_file:
             return hotpot_suite(hotpot_file)
@@ -57,6 +59,8 @@ class SearchEnv(TextEnv):
         http_timeout_s: float = 10.0,
         reward: str = "em",
         default_k: int = 3,
+        n_people: int = 40,
+        n_companies: int = 24,
         **kw: Any,
     ) -> None:
         """Args:
@@ -68,6 +72,8 @@ class SearchEnv(TextEnv):
             backend: ``bm25`` (local index over the suite's corpus) or ``http`` (``http_url``).
             reward: ``em`` or ``f1``.
             default_k: Results per search when the agent gives no ``k``.
+            n_people: People in the synthetic encyclopedia (more people and companies: more questions).
+            n_companies: Companies in the synthetic encyclopedia.
         """
         super().__init__(**kw)
         if split not in ("train", "test", "all"):
@@ -75,7 +81,7 @@ class SearchEnv(TextEnv):
         if reward not in ("em", "f1"):
             raise ValueError(f"reward must be 'em' or 'f1', got {reward!r}")
         self.suite_name, self.split, self.reward_kind, self.default_k = suite, split, reward, default_k
-        self.qa = load_suite(suite, seed, data_dir, hotpot_file)
+        self.qa = load_suite(suite, seed, data_dir, hotpot_file, {"n_people": n_people, "n_companies": n_companies})
         self.tasks = {t.task_id: t for t in self.qa.tasks if split == "all" or split_of(t.task_id) == split}
         self.task_ids = list(self.tasks)
         if backend == "bm25":
