@@ -50,6 +50,17 @@ def test_synthetic_questions_need_two_pages():
 
 
 @needs_bm25
+def test_large_synthetic_suite_holds_out_128_questions_the_oracle_solves():
+    train = turngym.make("turngym/Search-synthetic-large-v0", split="train").unwrapped
+    test = turngym.make("turngym/Search-synthetic-large-v0", split="test").unwrapped
+    assert len(test.task_ids) == 128 and len(train.task_ids) == 522  # the protocol's 128 held-out games
+    assert not set(train.task_ids) & set(test.task_ids)
+    assert synthetic_suite(0).digest() == "d1a073b0afce3be0"  # sizing the suite left the default one as it was
+    oracle, _ = _success("turngym/Search-synthetic-large-v0", OracleAgent(), test.task_ids[:16], split="test")
+    assert oracle >= 0.99
+
+
+@needs_bm25
 def test_bm25_index_is_cached_on_disk(tmp_path):
     suite = synthetic_suite(0)
     a = BM25Backend(suite.docs, "k1", cache_dir=tmp_path)
