@@ -312,3 +312,32 @@ def test_expert_replay_adds_the_sft_data_to_every_filtered_bc_update(policy, tmp
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters() if n in before)
     with pytest.raises(ValueError, match="NLL"):
         PGConfig(algo="rloo", group_size=2, episodes_per_iter=2, expert_replay=2)
+
+
+def test_expert_replay_is_sharded_over_ranks(policy, tmp_path):
+    """Gradients are averaged over ranks, so each rank replays its own share of the demonstrations."""
+    from turngym.trainers.distributed import DistContext
+    from turngym.trainers.sft import expert_data
+
+    cfg = PGConfig(algo="filtered_bc", episodes_per_iter=2, group_size=2, num_envs=2, expert_replay=3)
+    want = [[x.action_ids for x in t.turns] for t in expert_data(policy, ENV, 3)]
+    shards = []
+    for rank in (0, 1):
+        trainer = PGTrainer(policy, ENV, cfg, out_dir=tmp_path / str(rank), ctx=DistContext(rank=rank, world_size=2))
+        trainer._setup_extra()
+        shards.append([[x.action_ids for x in t.turns] for t in trainer.experts])
+    assert shards == [[want[0], want[2]], [want[1]]]
+
+
+def test_switching_algo_in_overrides_reconciles_the_pg_section():
+    """``algo=filtered_bc pg.expert_replay=8`` over an rloo config builds (pg.algo follows algo);
+    switching the quickstart's filtered BC to rloo drops the replay its PPO loss cannot take."""
+    from turngym.config import apply_overrides
+    from turngym.train import TrainConfig
+
+    rloo = apply_overrides(TrainConfig(), ["algo=rloo"])
+    assert (rloo.pg.algo, rloo.pg.expert_replay) == ("rloo", 0)
+    back = apply_overrides(rloo, ["algo=filtered_bc", "pg.expert_replay=8"])
+    assert (back.pg.algo, back.pg.expert_replay) == ("filtered_bc", 8)
+    nll = apply_overrides(TrainConfig(), ["algo=rloo", "pg.pg_loss=nll"])
+    assert (nll.pg.algo, nll.pg.expert_replay) == ("rloo", 8)

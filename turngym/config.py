@@ -36,6 +36,10 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     """
     if not isinstance(data, dict):
         raise ValueError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    # a config may reconcile its sections before they are built (e.g. the top-level algo names pg.algo)
+    prepare = getattr(cls, "prepare_fields", None)
+    if prepare is not None:
+        data = prepare(dict(data))
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)

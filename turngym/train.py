@@ -87,15 +87,29 @@ class TrainConfig:
     pg: PGConfig = knob(_quickstart_pg, "critic-free trainers (algo=grpo|gigpo|rloo|reinforce|filtered_bc)")
     eval: EvalConfig = knob(EvalConfig, "held-out evaluation")
 
+    @classmethod
+    def prepare_fields(cls, data: dict) -> dict:
+        """Before the sections are built: the top-level algo names the pg section's algo, so
+        ``algo=filtered_bc pg.expert_replay=8`` over a config whose pg.algo is rloo builds."""
+        algo, pg = data.get("algo"), data.get("pg")
+        if algo in ALGOS and isinstance(pg, dict) and pg.get("algo", algo) != algo:
+            data["pg"] = _pg_fields_for(algo, pg)
+        return data
+
     def __post_init__(self) -> None:
         if self.algo != "archer" and self.algo not in ALGOS:
             raise ValueError(f"algo must be archer or one of {ALGOS}, got {self.algo!r}")
         if self.algo in ALGOS and self.pg.algo != self.algo:
-            # expert replay is part of filtered BC's NLL update; another algo's PPO loss cannot take it
-            fields = {**asdict(self.pg), "algo": self.algo}
-            if loss_kind(SimpleNamespace(**fields)) != "nll":
-                fields["expert_replay"] = 0
-            self.pg = PGConfig(**fields)
+            self.pg = PGConfig(**_pg_fields_for(self.algo, asdict(self.pg)))
+
+
+def _pg_fields_for(algo: str, pg: dict) -> dict:
+    """The pg section switched to ``algo``: expert replay is part of filtered BC's NLL update,
+    so another algo's PPO loss drops it."""
+    fields = {**pg, "algo": algo}
+    if fields.get("expert_replay") and loss_kind(SimpleNamespace(**{**asdict(PGConfig()), **fields})) != "nll":
+        fields["expert_replay"] = 0
+    return fields
 
 
 def load_policy(spec: str) -> Any:
