@@ -460,6 +460,57 @@ class HFPolicy:
             result.append(rows.gather(-1, torch.tensor(list(a), device=rows.device)[:, None])[:, 0].tolist())
         return result
 
+    @torch.no_grad()
+    def alternatives(self, prompt_ids: Sequence[int], action_ids: Sequence[int], k: int,
+                     stops: Sequence[str] = (), max_new_tokens: int = 64) -> list[Utterance]:
+        """Up to ``k`` other replies the model itself ranks next after a recorded one.
+
+        At the recorded action's least certain token (the lowest top-1 probability, e.g. the
+        direction in ``<act>go north</act>``) each of the ``k`` most likely other tokens is forced,
+        and the reply is finished greedily. These are the model's runners-up at its one real
+        decision: after SFT on a few demonstrations the top choice there often has probability above
+        0.99, so temperature sampling almost never tries them, and hotter sampling breaks the syntax.
+
+        Args:
+            prompt_ids: The prompt the action was sampled from.
+            action_ids: The recorded action (without its alternatives).
+            k: How many alternatives.
+            stops: Stop strings (the env's tool format), as when sampling.
+            max_new_tokens: Length cap of a whole reply.
+
+        Returns:
+            Utterances with exact ids and raw log-probs (the forced token's included), most likely first.
+        """
+        prompt, action = list(prompt_ids), list(action_ids)
+        if not action or k < 1:
+            return []
+        body = action[:-1] if action[-1] in self.end_ids else action  # the closing token decides nothing
+        logp = self._action_logprobs(prompt, body or action)
+        pos = int(logp.max(-1).values.argmin())
+        ranked = [t for t in logp[pos].topk(min(k + 1, logp.shape[-1])).indices.tolist() if t != action[pos]][:k]
+        heads = [action[:pos] + [t] for t in ranked]
+        head_lp = [[float(logp[i, x]) for i, x in enumerate(h)] for h in heads]
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=max(1, max_new_tokens - pos - 1))
+        rows = [prompt + h for h in heads]
+        caches = [self._prefix_for(r) if self.share_prefix else None for r in rows]
+        gens, _ = self.generate(rows, greedy, [list(stops)] * len(rows), caches)
+        out = []
+        for h, lp, g in zip(heads, head_lp, gens):
+            ids = h + g.action_ids
+            text_ids = ids[:-1] if g.ended_by_token else ids
+            if h[-1] in self.end_ids:  # the forced token itself ends the reply
+                ids, text_ids, g.logprobs = h, h[:-1], []
+            out.append(Utterance(self.tokenizer.decode(text_ids, skip_special_tokens=False), prompt, ids,
+                                 lp + list(g.logprobs)))
+        return out
+
+    def _action_logprobs(self, prompt: list[int], action: list[int]) -> torch.Tensor:
+        """``(len(action), V)`` raw log-probs of the next token at each action position."""
+        ids = torch.tensor([prompt + action], device=self.device)
+        kw = {"logits_to_keep": len(action) + 1} if self._keep_arg else {}
+        logits = self.model(input_ids=ids, **kw).logits[0, -len(action) - 1 : -1]
+        return logits.float().log_softmax(-1)
+
     def score(self, prompt_ids: Sequence[int], action_ids: Sequence[int]) -> list[float]:
         """Raw log-probs of ``action_ids`` after ``prompt_ids`` (see ``score_batch``)."""
         return self.score_batch([prompt_ids], [action_ids])[0]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from turngym.agents.base import Conversation, Policy, SamplingParams
 from turngym.rollout.handles import EnvCrashed, EnvHandle, handle_kind, make_handle
-from turngym.types import Message, ToolCall, Trajectory, Turn
+from turngym.types import Message, ToolCall, Trajectory, Turn, Utterance
 
 
 @dataclass(frozen=True)
@@ -25,11 +25,46 @@ class EpisodeSpec:
 
     ``greedy`` plays it at temperature 0 whatever the rollout's sampling (a group's greedy anchor,
     see ``OnlineConfig.greedy_in_group``); the trajectory's metadata records it.
+
+    A branch of an earlier episode (same task and seed) replays that episode's first turns,
+    ``prefix``, exactly as they were recorded (text and token ids), then lets the policy play;
+    ``free_turns`` > 0 stops it after that many policy turns (truncated). The sync rollout plays
+    branches; the env must reset deterministically (the contract), and a replay that sees a
+    different observation than the recording ends the episode with ``metadata["error"]``.
     """
 
     task_id: str | None
     seed: int
     greedy: bool = False
+    prefix: tuple[Turn, ...] = field(default=(), compare=False)
+    free_turns: int = 0
+
+
+class ReplayDiverged(RuntimeError):
+    """A branch's replayed prefix met a different conversation than the one recorded."""
+
+
+def replay_utterance(policy: Policy, conv: Conversation, turn: Turn) -> Utterance:
+    """The recorded ``turn`` as ``conv``'s next utterance: the policy's token record grows by the
+    recorded ids, as if it had sampled them again (nothing is re-tokenized).
+
+    Raises:
+        ValueError: the policy keeps no token record (scripted and HTTP agents cannot replay).
+        ReplayDiverged: the prompt the policy would see differs from the recorded one.
+    """
+    chat = getattr(policy, "chat", None)
+    if chat is None or not hasattr(chat, "record"):
+        raise ValueError(f"{type(policy).__name__} keeps no token record; branches need an HF or vLLM policy")
+    prompt = chat.prompt_ids(conv)
+    if turn.prompt_ids and prompt != list(turn.prompt_ids):
+        raise ReplayDiverged("the replayed prefix reached a different prompt than the recorded episode")
+    chat.record(conv, turn.action_ids, turn.action_logprobs)
+    return Utterance(turn.action_text, prompt, list(turn.action_ids), list(turn.action_logprobs))
+
+
+def branch_of(traj: Trajectory, spec: EpisodeSpec, turns: int, **kw: Any) -> EpisodeSpec:
+    """A spec that replays the first ``turns`` turns of ``traj`` (played from ``spec``), then plays on."""
+    return EpisodeSpec(spec.task_id, spec.seed, prefix=tuple(traj.turns[:turns]), **kw)
 
 
 def make_env_factory(env_id: str, **kwargs: Any) -> functools.partial:
@@ -103,6 +138,8 @@ def reset_kwargs(spec: EpisodeSpec) -> dict[str, Any]:
 def begin_episode(spec: EpisodeSpec, result, env_desc: dict, metadata: dict | None, t0: float) -> Live:
     """An episode from its reset's result ``(obs, info)``; truncated if the reset crashed."""
     meta = {"seed": spec.seed, **({"greedy": True} if spec.greedy else {}), **(metadata or {})}
+    if spec.prefix:
+        meta["branch_at"] = len(spec.prefix)  # the turns before it replay an earlier episode
     if isinstance(result, EnvCrashed):
         traj = Trajectory(str(spec.task_id), truncated=True, metadata={**meta, "error": str(result)})
         return Live(spec, Conversation([]), traj, t0)
@@ -150,6 +187,38 @@ def apply_step(ep: Live, utt, turn: Turn, result) -> bool:
         ep.traj.terminated, ep.traj.truncated = bool(terminated), bool(truncated and not terminated)
         return True
     return False
+
+
+def branch_over(ep: Live) -> bool:
+    """After a step: whether a branch ends here. A replay that reached a different env state than
+    its recording ends with ``metadata["error"]``; a branch whose new reply (a recorded turn marked
+    ``info["branch"]``) the env refused or that changed nothing ends truncated (it would only
+    replay its root); so does one whose ``free_turns`` are played."""
+    k, prefix = len(ep.traj.turns), ep.spec.prefix
+    if 0 < k <= len(prefix):
+        want = prefix[k - 1].info.get("state_key")
+        if want is not None and ep.traj.turns[-1].info.get("state_key") != want:
+            ep.traj.truncated = True
+            ep.traj.metadata["error"] = "the replayed prefix reached a different env state than the recording"
+            return True
+        if prefix[k - 1].info.get("branch") and not moved(ep.traj, k - 1):
+            ep.traj.truncated = True
+            ep.traj.metadata["stopped"] = "branch_no_op"
+            return True
+    if ep.spec.free_turns and k - len(prefix) >= ep.spec.free_turns:
+        ep.traj.truncated = True
+        ep.traj.metadata["stopped"] = "free_turns"
+        return True
+    return False
+
+
+def moved(traj: Trajectory, j: int) -> bool:
+    """Whether turn ``j`` was accepted and changed the env state (``True`` without state keys)."""
+    turn = traj.turns[j]
+    if not turn.info.get("action_valid", True):
+        return False
+    before = traj.metadata.get("initial_state_key") if j == 0 else traj.turns[j - 1].info.get("state_key")
+    return before is None or turn.info.get("state_key") != before
 
 
 def end_episode(ep: Live) -> Trajectory:

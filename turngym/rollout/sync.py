@@ -20,8 +20,8 @@ from tqdm.auto import tqdm
 
 from turngym.agents.base import Policy, SamplingParams
 from turngym.rollout.episode import (
-    EpisodeSpec, Live, act_checked, apply_step, begin_episode, close_handles, end_episode, make_turn, open_handles,
-    recv_result, reset_kwargs,
+    EpisodeSpec, Live, ReplayDiverged, act_checked, apply_step, begin_episode, branch_over, close_handles,
+    end_episode, make_turn, open_handles, recv_result, replay_utterance, reset_kwargs,
 )
 from turngym.rollout.pool import EnvPools
 from turngym.types import Trajectory
@@ -95,19 +95,31 @@ def _sync_loop(policy, handles, specs, sampling, progress, metadata) -> list[Tra
     while live:
         slots = sorted(live)
         utts = [None] * len(slots)
+        diverged = []
+        for i, s in enumerate(slots):  # branches replay their recorded prefix first
+            ep = live[s][1]
+            if len(ep.traj.turns) < len(ep.spec.prefix):
+                try:
+                    utts[i] = replay_utterance(policy, ep.conv, ep.spec.prefix[len(ep.traj.turns)])
+                except ReplayDiverged as e:
+                    ep.traj.truncated, ep.traj.metadata["error"] = True, str(e)
+                    diverged.append(i)
+        freed = [slots[i] for i in diverged]  # a diverged branch ends here; its slot takes the next spec
+        for i in diverged[::-1]:
+            finish(live[slots[i]][0], end_episode(live.pop(slots[i])[1]))
+            del slots[i], utts[i]
         # greedy episodes (EpisodeSpec.greedy) and sampled ones answer in one act call each
         for params, want in ((sampling, False), (greedy, True)):
-            part = [i for i, s in enumerate(slots) if live[s][1].spec.greedy == want]
+            part = [i for i, s in enumerate(slots) if utts[i] is None and live[s][1].spec.greedy == want]
             if part:
                 for i, u in zip(part, act_checked(policy, [live[slots[i]][1].conv for i in part], params)):
                     utts[i] = u
         for s, utt in zip(slots, utts):  # every env steps at once; the barrier is the recv loop below
             handles[s].send("step", utt.text)
-        freed = []
         for s, utt in zip(slots, utts):
             idx, ep = live[s]
             turn = make_turn(utt)
-            if apply_step(ep, utt, turn, recv_result(handles[s])):
+            if apply_step(ep, utt, turn, recv_result(handles[s])) or branch_over(ep):
                 finish(idx, end_episode(ep))
                 del live[s]
                 freed.append(s)
