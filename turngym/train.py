@@ -31,6 +31,7 @@ from turngym.config import apply_overrides, describe, knob, load_yaml
 from turngym.rollout import EnvPools
 from turngym.trainers.actor import loss_kind
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
+from turngym.trainers.branch_bc import BranchBCConfig, BranchBCTrainer
 from turngym.trainers.checkpoint import has_checkpoint
 from turngym.trainers.distributed import DistContext, full_params, is_sharded, model_state_dict
 from turngym.trainers.logger import MetricsLogger, plot_learning_curve
@@ -62,6 +63,12 @@ def _quickstart_archer() -> ArcherConfig:
                         actor_lr=2e-5, critic_updates=50, critic_warmup=100, kl_coef=0.01)
 
 
+def _quickstart_branch() -> BranchBCConfig:
+    return BranchBCConfig(iterations=1, episodes_per_iter=64, num_envs=64, max_state_visits=3, max_new_tokens=16,
+                          trainable="top:8", actor_lr=3e-4, actor_epochs=4, minibatch_size=4, micro_batch_size=4,
+                          branch_points=2, branch_width=3, branch_depth=2, expert_replay=8)
+
+
 def _quickstart_pg() -> PGConfig:
     return PGConfig(algo="filtered_bc", iterations=100, time_budget_s=420, group_size=8, episodes_per_iter=64,
                     num_envs=64, minibatch_size=8, micro_batch_size=4, top_p=1.0, max_state_visits=3,
@@ -75,7 +82,7 @@ class TrainConfig:
     """``turngym train``: its defaults are the quickstart (embedded model, SFT, online filtered BC, TextWorld-easy)."""
 
     model: str = knob("default", "policy: default (embedded SmolLM2-135M) | hf:PATH")
-    algo: str = knob("filtered_bc", "archer | grpo | gigpo | rloo | reinforce | filtered_bc")
+    algo: str = knob("branch_bc", "branch_bc | archer | grpo | gigpo | rloo | reinforce | filtered_bc")
     env_id: str = knob("turngym/TextWorld-easy-v0", "environment to train on")
     env_kwargs: dict = knob({"tool_format": "xml"}, "env constructor overrides, for training and evaluation")
     train_split: str = knob("train", "split the trainers play ('' for an env without splits)")
@@ -83,6 +90,7 @@ class TrainConfig:
     seed: int = knob(0, "global seed")
     threads: int = knob(0, "torch CPU threads (0 = torch's default)")
     sft: SFTConfig = knob(_quickstart_sft, "SFT warm start")
+    branch: BranchBCConfig = knob(_quickstart_branch, "branch-search BC (algo=branch_bc)")
     archer: ArcherConfig = knob(_quickstart_archer, "ArCHer (algo=archer)")
     pg: PGConfig = knob(_quickstart_pg, "critic-free trainers (algo=grpo|gigpo|rloo|reinforce|filtered_bc)")
     eval: EvalConfig = knob(EvalConfig, "held-out evaluation")
@@ -97,10 +105,23 @@ class TrainConfig:
         return data
 
     def __post_init__(self) -> None:
-        if self.algo != "archer" and self.algo not in ALGOS:
-            raise ValueError(f"algo must be archer or one of {ALGOS}, got {self.algo!r}")
+        if self.algo not in ("archer", "branch_bc") and self.algo not in ALGOS:
+            raise ValueError(f"algo must be branch_bc, archer or one of {ALGOS}, got {self.algo!r}")
         if self.algo in ALGOS and self.pg.algo != self.algo:
             self.pg = PGConfig(**_pg_fields_for(self.algo, asdict(self.pg)))
+
+
+def rl_section(cfg: TrainConfig) -> tuple[str, Any]:
+    """The config section that ``cfg.algo`` trains with: ``("branch", cfg.branch)``,
+    ``("archer", cfg.archer)`` or ``("pg", cfg.pg)``."""
+    if cfg.algo == "branch_bc":
+        return "branch", cfg.branch
+    if cfg.algo == "archer":
+        return "archer", cfg.archer
+    return "pg", cfg.pg
+
+
+TRAINERS = {"branch": BranchBCTrainer, "archer": ArcherTrainer, "pg": PGTrainer}
 
 
 def _pg_fields_for(algo: str, pg: dict) -> dict:
@@ -238,7 +259,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     train_kwargs = _with_split(cfg.env_kwargs, cfg.train_split)
 
     # auto decided once, so the trainer and the evaluations agree on the engine
-    rl_cfg = resolve_rollout_engine(cfg.archer if cfg.algo == "archer" else cfg.pg, ctx.enabled)
+    section, rl_cfg = rl_section(cfg)
+    rl_cfg = resolve_rollout_engine(rl_cfg, ctx.enabled)
     rollouts = None  # rollout_engine=vllm: one engine for the trainer's collection and every evaluation
     pools = EnvPools()  # envs stay open from one evaluation (and collection) to the next
     evaluator = evaluator or functools.partial(evaluate_policy, pools=pools)
@@ -289,7 +311,7 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     if rl_cfg.iterations > 0 and not stages.done("eval_final"):
         # The trainer resumes from its checkpoint; after a finished run (a kill came after the RL
         # stage) it only reloads the trained weights, for the final model and evaluation.
-        trainer_cls = ArcherTrainer if cfg.algo == "archer" else PGTrainer
+        trainer_cls = TRAINERS[section]
         trainer = trainer_cls(policy, cfg.env_id, rl_cfg, env_kwargs=train_kwargs, out_dir=out / cfg.algo, ctx=ctx,
                               rollouts=engine() if rl_cfg.rollout_engine == "vllm" else None,  # it syncs each collection
                               pools=pools)
