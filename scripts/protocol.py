@@ -33,7 +33,7 @@ import torch
 from turngym.bench.protocol import compare_arms, held_out_eval, markdown_report, plot_curves, task_groups
 from turngym.config import apply_overrides, load_yaml
 from turngym.rollout import EnvPools
-from turngym.train import TrainConfig, load_policy, run
+from turngym.train import TrainConfig, load_policy, rl_section, run
 from turngym.trainers.sft import sft
 
 
@@ -90,7 +90,7 @@ class Protocol:
             raise SystemExit("arm names must be distinct (name them: NAME=ALGO:...)")
         if any(a.algo == "sft_continued" for a in self.arms) and not any(a.is_rl for a in self.arms):
             raise SystemExit("sft_continued matches an RL arm's training time: add an RL arm")
-        rl = self.base.archer if self.base.algo == "archer" else self.base.pg
+        rl = rl_section(self.base)[1]
         self.temperature = rl.temperature if args.temperature is None else args.temperature
         self.held_out = _split(self.base.env_kwargs, self.base.eval.split)
         self.groups = task_groups(self.base.env_id, self.held_out)
@@ -100,9 +100,9 @@ class Protocol:
     def config(self, arm: Arm, seed: int, rl_iterations: int | None = None) -> TrainConfig:
         algo = arm.algo if arm.is_rl else self.base.algo
         sets = [f"algo={algo}", *arm.overrides, f"seed={seed}", f"sft.seed={seed}", f"archer.seed={seed}",
-                f"pg.seed={seed}", f"output_dir={self.out / f'seed{seed}' / arm.name}"]
+                f"pg.seed={seed}", f"branch.seed={seed}", f"output_dir={self.out / f'seed{seed}' / arm.name}"]
         if rl_iterations is not None:
-            sets += [f"archer.iterations={rl_iterations}", f"pg.iterations={rl_iterations}"]
+            sets += [f"{name}.iterations={rl_iterations}" for name in ("archer", "pg", "branch")]
         return apply_overrides(self.base, sets)
 
     def evaluate(self, policy, cfg: TrainConfig, label: str) -> dict:
@@ -139,7 +139,7 @@ class Protocol:
         out = Path(cfg.output_dir)
         self.start_from_sft(sft_dir, out)
         curve_path = out / "curve.json"
-        rl = cfg.archer if cfg.algo == "archer" else cfg.pg
+        rl = rl_section(cfg)[1]
         every = self.args.eval_every or max(1, rl.iterations // 4)
         first = []
 

@@ -28,6 +28,7 @@ Caches are tied to the weights they were computed with: after changing the model
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -461,55 +462,91 @@ class HFPolicy:
         return result
 
     @torch.no_grad()
-    def alternatives(self, prompt_ids: Sequence[int], action_ids: Sequence[int], k: int,
-                     stops: Sequence[str] = (), max_new_tokens: int = 64) -> list[Utterance]:
-        """Up to ``k`` other replies the model itself ranks next after a recorded one.
+    def alternatives(self, prompts: Sequence[Sequence[int]], actions: Sequence[Sequence[int]], k: int,
+                     stops: Sequence[str] = (), max_new_tokens: int = 64) -> list[list[Utterance]]:
+        """Per recorded reply, up to ``k`` other replies the model itself ranks next.
 
         At the recorded action's least certain token (the lowest top-1 probability, e.g. the
         direction in ``<act>go north</act>``) each of the ``k`` most likely other tokens is forced,
         and the reply is finished greedily. These are the model's runners-up at its one real
         decision: after SFT on a few demonstrations the top choice there often has probability above
         0.99, so temperature sampling almost never tries them, and hotter sampling breaks the syntax.
+        A token that differs from the recorded one (or from an earlier runner-up) only in case or
+        surrounding space is skipped: it would make the same reply.
 
         Args:
-            prompt_ids: The prompt the action was sampled from.
-            action_ids: The recorded action (without its alternatives).
-            k: How many alternatives.
+            prompts: Per row, the prompt the action was sampled from.
+            actions: Per row, the recorded action ids.
+            k: Alternatives per row.
             stops: Stop strings (the env's tool format), as when sampling.
             max_new_tokens: Length cap of a whole reply.
 
         Returns:
-            Utterances with exact ids and raw log-probs (the forced token's included), most likely first.
+            Per row, utterances with exact ids and raw log-probs (the forced token's included), most likely first.
         """
-        prompt, action = list(prompt_ids), list(action_ids)
-        if not action or k < 1:
-            return []
-        body = action[:-1] if action[-1] in self.end_ids else action  # the closing token decides nothing
-        logp = self._action_logprobs(prompt, body or action)
-        pos = int(logp.max(-1).values.argmin())
-        ranked = [t for t in logp[pos].topk(min(k + 1, logp.shape[-1])).indices.tolist() if t != action[pos]][:k]
-        heads = [action[:pos] + [t] for t in ranked]
-        head_lp = [[float(logp[i, x]) for i, x in enumerate(h)] for h in heads]
-        greedy = SamplingParams(temperature=0.0, max_new_tokens=max(1, max_new_tokens - pos - 1))
-        rows = [prompt + h for h in heads]
-        caches = [self._prefix_for(r) if self.share_prefix else None for r in rows]
-        gens, _ = self.generate(rows, greedy, [list(stops)] * len(rows), caches)
-        out = []
-        for h, lp, g in zip(heads, head_lp, gens):
-            ids = h + g.action_ids
-            text_ids = ids[:-1] if g.ended_by_token else ids
-            if h[-1] in self.end_ids:  # the forced token itself ends the reply
-                ids, text_ids, g.logprobs = h, h[:-1], []
-            out.append(Utterance(self.tokenizer.decode(text_ids, skip_special_tokens=False), prompt, ids,
-                                 lp + list(g.logprobs)))
+        prompts, actions = [list(p) for p in prompts], [list(a) for a in actions]
+        bodies = [(a[:-1] if a and a[-1] in self.end_ids else a) or a for a in actions]  # the closing decides nothing
+        logps, caches = self._decision_logprobs(prompts, bodies, max_new_tokens)
+        heads, lps, owner = [], [], []
+        for i, (a, logp) in enumerate(zip(actions, logps)):
+            if not a or k < 1:
+                continue
+            pos = int(logp.max(-1).values.argmin())
+            seen = {self._surface(a[pos])}
+            for t in logp[pos].topk(min(k + 8, logp.shape[-1])).indices.tolist():
+                if self._surface(t) not in seen and len(seen) <= k:
+                    seen.add(self._surface(t))
+                    heads.append(a[:pos] + [t])
+                    lps.append([float(logp[j, x]) for j, x in enumerate(heads[-1])])
+                    owner.append(i)
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+        rows = [prompts[i] + h for i, h in zip(owner, heads)]
+        done = [h[-1] in self.end_ids or max_new_tokens - len(h) < 1 for h in heads]
+        todo = [j for j, d in enumerate(done) if not d]
+        gens: dict[int, Generation] = {}
+        for cap in sorted({max_new_tokens - len(heads[j]) for j in todo}):  # one call per remaining length cap
+            part = [j for j in todo if max_new_tokens - len(heads[j]) == cap]
+            got, _ = self.generate([rows[j] for j in part], dataclasses.replace(greedy, max_new_tokens=cap),
+                                   [list(stops)] * len(part), [caches[owner[j]] for j in part])
+            gens.update(zip(part, got))
+        out: list[list[Utterance]] = [[] for _ in prompts]
+        for j, (h, lp) in enumerate(zip(heads, lps)):
+            g = gens.get(j)
+            ids = h + (g.action_ids if g else [])
+            text_ids = ids[:-1] if ids[-1] in self.end_ids else ids
+            out[owner[j]].append(Utterance(self.tokenizer.decode(text_ids, skip_special_tokens=False), prompts[owner[j]],
+                                           ids, lp + (list(g.logprobs) if g else [])))
         return out
 
-    def _action_logprobs(self, prompt: list[int], action: list[int]) -> torch.Tensor:
-        """``(len(action), V)`` raw log-probs of the next token at each action position."""
-        ids = torch.tensor([prompt + action], device=self.device)
-        kw = {"logits_to_keep": len(action) + 1} if self._keep_arg else {}
-        logits = self.model(input_ids=ids, **kw).logits[0, -len(action) - 1 : -1]
-        return logits.float().log_softmax(-1)
+    def _surface(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False).strip().lower()
+
+    def _decision_logprobs(self, prompts: list[list[int]], actions: list[list[int]],
+                           room: int) -> tuple[list[torch.Tensor], list[Any]]:
+        """Per row, ``(len(action), V)`` raw log-probs of the next token at each action position, and
+        a cache holding the prompt and action (the packed engine's, for the runner-ups to fork; else ``None``)."""
+        packed = self.packed
+        if packed is None:  # one full forward per row, on the model itself
+            out = []
+            for p, a in zip(prompts, actions):
+                kw = {"logits_to_keep": len(a) + 1} if self._keep_arg else {}
+                logits = self.model(input_ids=torch.tensor([p + a], device=self.device), **kw).logits[0, -len(a) - 1 : -1]
+                out.append(logits.float().log_softmax(-1))
+            return out, [None] * len(prompts)
+        caches, new = [], []
+        for p, a in zip(prompts, actions):
+            seq, held = p + a, self._prefix_for(p) if self.share_prefix else None
+            keep = min(common_prefix(held.ids, p), len(p) - 1) if held is not None else 0
+            caches.append(packed.fork(held, keep, len(seq) + room, 0) if held is not None
+                          else packed.new_cache(self.epoch, len(seq) + room, 0))
+            new.append(seq[keep:])
+        logits = packed.forward(caches, new, tail=[len(a) + 1 for a in actions]).log_softmax(-1)
+        out, at = [], 0
+        for a in actions:
+            out.append(logits[at : at + len(a)])  # the last row of each block predicts past the action
+            at += len(a) + 1
+        self.stats["prefill_tokens"] += sum(len(x) for x in new)
+        return out, caches
 
     def score(self, prompt_ids: Sequence[int], action_ids: Sequence[int]) -> list[float]:
         """Raw log-probs of ``action_ids`` after ``prompt_ids`` (see ``score_batch``)."""

@@ -173,15 +173,16 @@ class PackedLM:
 
     # ----- the forward ----------------------------------------------------------------------
     @torch.no_grad()
-    def forward(self, caches: list[SlotCache], new: list[list[int]]) -> torch.Tensor:
+    def forward(self, caches: list[SlotCache], new: list[list[int]], tail: list[int] | None = None) -> torch.Tensor:
         """Run each row's ``new`` tokens after its cached ones; append them to the caches.
 
         Args:
             caches: One cache per row, each appended to in place (callers fork shared ones first).
             new: Per row, at least one new token id.
+            tail: Per row, how many of its last new tokens get logits (default 1 each).
 
         Returns:
-            ``(B, V)`` fp32 logits at each row's last new token.
+            ``(sum(tail), V)`` fp32 logits, row after row (``(B, V)`` at each row's last new token by default).
         """
         lens = [len(x) for x in new]
         if min(lens) < 1:
@@ -221,5 +222,6 @@ class PackedLM:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         for c, x in zip(caches, new):
             c.ids.extend(x)
-        last = self.base.norm(h[0, [e - 1 for e in ends]])
+        tail = tail or [1] * len(new)
+        last = self.base.norm(h[0, [i for e, t in zip(ends, tail) for i in range(e - min(t, e), e)]])
         return self.runner.lm_head(last).float()

@@ -57,7 +57,7 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
     branched again after their own branch turn, for the tasks still without a success.
 
     Args:
-        policy: Has ``alternatives(prompt_ids, action_ids, k, stops, max_new_tokens)`` (``HFPolicy``)
+        policy: Has ``alternatives(prompts, actions, k, stops, max_new_tokens)`` (``HFPolicy``)
             and a token record, since prefixes are replayed.
         make_env: The env factory the roots were played with.
         roots: ``(spec, trajectory)`` pairs; successful roots (and their tasks) are skipped.
@@ -78,18 +78,18 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
     solved = {t.task_id for _, t in roots if t.success}
     level = [(s, t, 0) for s, t in roots if not t.success]
     for _ in range(depth):
+        at = [(spec, traj, j) for spec, traj, after in level if traj.task_id not in solved
+              for j in branch_points(traj, points, after)]
+        alts = policy.alternatives([t.turns[j].prompt_ids for _, t, j in at], [t.turns[j].action_ids for _, t, j in at],
+                                   width, stops, max_new_tokens) if at else []
         specs, turns = [], []
-        for spec, traj, after in level:
-            if traj.task_id in solved:
-                continue
-            for j in branch_points(traj, points, after):
-                turn = traj.turns[j]
-                for alt in policy.alternatives(turn.prompt_ids, turn.action_ids, width, stops, max_new_tokens):
-                    forced = dataclasses.replace(turn, action_text=alt.text, action_ids=alt.action_ids,
-                                                 action_logprobs=alt.logprobs, observation=[], reward=0.0,
-                                                 info={"branch": True})
-                    specs.append(EpisodeSpec(spec.task_id, spec.seed, greedy=True, prefix=(*traj.turns[:j], forced)))
-                    turns.append(j)
+        for (spec, traj, j), replies in zip(at, alts):
+            for alt in replies:
+                forced = dataclasses.replace(traj.turns[j], action_text=alt.text, action_ids=alt.action_ids,
+                                             action_logprobs=alt.logprobs, observation=[], reward=0.0,
+                                             info={"branch": True})
+                specs.append(EpisodeSpec(spec.task_id, spec.seed, greedy=True, prefix=(*traj.turns[:j], forced)))
+                turns.append(j)
         if not specs:
             break
         played = rollout(policy, make_env, specs, sampling=greedy, num_envs=num_envs, workers=workers,
