@@ -1,0 +1,188 @@
+"""Branched rollouts and branch-search BC: exact prefix replay, branch points by hand, the policy's
+runner-up replies (packed and plain paths agree), the search's plumbing, and the trainer's smoke test."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from turngym.agents.base import SamplingParams
+from turngym.agents.hf import HFPolicy
+from turngym.rollout import EpisodeSpec, make_env_factory, rollout
+from turngym.rollout.branching import branch_points, branch_search
+from turngym.rollout.episode import branch_of
+from turngym.trainers.branch_bc import BranchBCConfig, BranchBCTrainer, better
+from turngym.types import Trajectory, Turn, Utterance
+
+from fixtures_model import build_tiny_model
+
+ENV = "tests/Guess-v0"
+TEXT = {"tool_format": "text"}  # the whole reply is the guess: "3" is a valid move
+
+
+def _episode(keys, initial="s0", outcome=0.0):
+    """A trajectory whose turns reach ``keys`` (state keys), for branch-point arithmetic."""
+    turns = [Turn(f"a{i}", info={"state_key": k, "action_valid": True}) for i, k in enumerate(keys)]
+    return Trajectory("t", turns, outcome=outcome, metadata={"initial_state_key": initial})
+
+
+def test_branch_points_by_hand():
+    # s0 -a0-> s1 -a1-> s2 -a2-> s1: turn 2 is the first return, so the mistake is turn 2 or turn 1
+    assert branch_points(_episode(["s1", "s2", "s1", "s2"]), 2) == [2, 1]
+    assert branch_points(_episode(["s1", "s2", "s1", "s2"]), 3) == [2, 1, 0]
+    # a refused move changes nothing: turn 0 returns at once
+    assert branch_points(_episode(["s0", "s1"]), 2) == [0]
+    # no return at all: the last turns
+    assert branch_points(_episode(["s1", "s2", "s3"]), 2) == [2, 1]
+    # a deeper level never branches before its own branch turn
+    assert branch_points(_episode(["s1", "s2", "s3", "s2"]), 3, after=2) == [3, 2]
+    # without state keys: the last turns
+    assert branch_points(Trajectory("t", [Turn("a"), Turn("b"), Turn("c")]), 2) == [2, 1]
+
+
+def test_memory_prefers_the_higher_return_then_the_shorter_success():
+    short, long = _episode(["s1"], outcome=1.0), _episode(["s1", "s2", "s3"], outcome=1.0)
+    short.turns[0].reward = long.turns[2].reward = 1.0
+    assert better(None, long) and better(long, short) and not better(short, long)
+    rich = _episode(["s1", "s2", "s3"], outcome=1.0)
+    rich.turns[2].reward = 2.0
+    assert better(short, rich)
+
+
+def _played(policy, task="3", seed=7, turns=4):
+    spec = EpisodeSpec(task, seed)
+    traj = rollout(policy, make_env_factory(ENV, **TEXT), [spec],
+                   sampling=SamplingParams(1.0, max_new_tokens=6, seed=1), progress=False)[0]
+    assert len(traj.turns) >= turns - 1
+    return spec, traj
+
+
+def test_a_branch_replays_its_prefix_token_for_token(policy):
+    spec, root = _played(policy)
+    j = 2  # the free turn is not the turn limit's
+    branch = rollout(policy, make_env_factory(ENV, **TEXT), [branch_of(root, spec, j, free_turns=1)],
+                     sampling=SamplingParams(1.0, max_new_tokens=6, seed=99), progress=False)[0]
+    assert len(branch.turns) == j + 1 and branch.truncated and branch.metadata["stopped"] == "free_turns"
+    for a, b in zip(root.turns[:j], branch.turns[:j]):
+        assert (a.prompt_ids, a.action_ids, a.action_text) == (b.prompt_ids, b.action_ids, b.action_text)
+        assert a.info["state_key"] == b.info["state_key"] and a.observation == b.observation
+    # the policy's own turn after the prefix continues the same token record
+    assert branch.turns[j].prompt_ids == root.turns[j].prompt_ids
+    assert branch.metadata["branch_at"] == j
+
+
+def test_a_replay_that_meets_another_prompt_ends_with_an_error(policy):
+    spec, root = _played(policy)
+    bad = dataclasses.replace(root.turns[1], prompt_ids=root.turns[1].prompt_ids[:-1])
+    prefix = (root.turns[0], bad)
+    out = rollout(policy, make_env_factory(ENV, **TEXT), [EpisodeSpec(spec.task_id, spec.seed, prefix=prefix)],
+                  sampling=SamplingParams(max_new_tokens=6, seed=0), progress=False)[0]
+    assert out.truncated and "different prompt" in out.metadata["error"] and len(out.turns) == 1
+
+
+def _forced(policy, root: Trajectory, j: int, text: str) -> Turn:
+    chat = policy.chat
+    ids = chat.encode(text) + sorted(chat.end_token_ids)[:1]
+    return dataclasses.replace(root.turns[j], action_text=text, action_ids=ids, action_logprobs=[0.0] * len(ids),
+                               observation=[], reward=0.0, info={"branch": True})
+
+
+def test_a_branch_whose_new_reply_changes_nothing_stops_at_once(policy):
+    spec, root = _played(policy)
+    for text, stopped in (("not a number", True), ("3", False)):
+        prefix = (_forced(policy, root, 0, text),)
+        out = rollout(policy, make_env_factory(ENV, **TEXT), [EpisodeSpec(spec.task_id, spec.seed, greedy=True, prefix=prefix)],
+                      sampling=SamplingParams(max_new_tokens=6, seed=0), progress=False)[0]
+        assert (out.metadata.get("stopped") == "branch_no_op") == stopped
+    assert out.success and len(out.turns) == 1  # "3" wins task 3 at once
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_alternatives_fork_the_least_certain_token_and_packed_equals_plain(tiny_tokenizer, k):
+    model = build_tiny_model(tiny_tokenizer)
+    packed = HFPolicy(model, tiny_tokenizer, generation_dtype=torch.float32, packed=True)
+    plain = HFPolicy(model, tiny_tokenizer, generation_dtype=torch.float32, packed=False)
+    _, root = _played(packed)
+    turn = root.turns[0]
+    got = packed.alternatives([turn.prompt_ids], [turn.action_ids], k, max_new_tokens=6)[0]
+    want = plain.alternatives([turn.prompt_ids], [turn.action_ids], k, max_new_tokens=6)[0]
+    assert [u.action_ids for u in got] == [u.action_ids for u in want] and len(got) == k
+    for u, v in zip(got, want):
+        torch.testing.assert_close(torch.tensor(u.logprobs), torch.tensor(v.logprobs), atol=1e-4, rtol=1e-4)
+    # every alternative keeps the recorded reply up to one token, and differs there
+    logp = plain._decision_logprobs([turn.prompt_ids], [turn.action_ids], 6)[0][0]
+    pos = int(logp.max(-1).values.argmin())
+    for u in got:
+        assert u.action_ids[:pos] == turn.action_ids[:pos] and u.action_ids[pos] != turn.action_ids[pos]
+        assert len(u.logprobs) == len(u.action_ids) <= 6 and u.prompt_ids == turn.prompt_ids
+        # the recorded log-probs are the model's own
+        torch.testing.assert_close(torch.tensor(u.logprobs), torch.tensor(plain.score(turn.prompt_ids, u.action_ids)),
+                                   atol=1e-4, rtol=1e-4)
+    # runner-ups are ranked: the forced tokens' log-probs fall
+    forced = [u.logprobs[pos] for u in got]
+    assert forced == sorted(forced, reverse=True)
+
+
+class _EveryGuess(HFPolicy):
+    """The tiny model with every guess as its "runner-up replies": the search's plumbing, not its ranking
+    (``alternatives`` itself is tested above on the real model code)."""
+
+    def alternatives(self, prompts, actions, k, stops=(), max_new_tokens=64):
+        end = sorted(self.chat.end_token_ids)[:1]
+        replies = [(str(n), self.chat.encode(str(n)) + end) for n in range(1, 9)][:k]
+        return [[Utterance(text, list(p), ids, [0.0] * len(ids)) for text, ids in replies] for p in prompts]
+
+
+def test_branch_search_returns_whole_episodes_that_leave_their_root_once(tiny_tokenizer):
+    policy = _EveryGuess(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+    spec, root = _played(policy, task="4")
+    assert not root.success
+    found = branch_search(policy, make_env_factory(ENV, **TEXT), [(spec, root)], points=1, width=8, depth=1,
+                          max_new_tokens=6)
+    j = branch_points(root, 1)[0]
+    assert found and all(t.metadata["branch_turn"] == j and t.task_id == "4" for t in found)
+    for t in found:
+        assert [x.action_ids for x in t.turns[:j]] == [x.action_ids for x in root.turns[:j]]
+        assert t.turns[j].action_text != root.turns[j].action_text
+    assert sum(t.success for t in found) == 1  # exactly one guess is right
+    with pytest.raises(ValueError, match="alternative"):
+        branch_search(object(), make_env_factory(ENV, **TEXT), [(spec, root)])
+
+
+def _cfg(**kw):
+    base = dict(iterations=2, episodes_per_iter=4, num_envs=4, max_new_tokens=6, branch_points=1, branch_width=8,
+                branch_depth=1, expert_replay=2, minibatch_size=2, actor_lr=1e-3, autocast="none")
+    return BranchBCConfig(**{**base, **kw})
+
+
+def test_branch_bc_remembers_what_the_search_found_trains_and_resumes_exactly(tiny_tokenizer, tmp_path):
+    make = lambda: _EveryGuess(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+    full = BranchBCTrainer(make(), ENV, _cfg(), env_kwargs=TEXT, out_dir=tmp_path / "full")
+    full.setup()
+    before = {n: p.detach().clone() for n, p in full.model.named_parameters() if p.requires_grad}
+    rows = full.train(progress=False)
+    assert len(rows) == 2 and all("actor/pg_loss" in r and "search/solved_rate" in r for r in rows)
+    assert rows[0]["memory/tasks"] == rows[0]["search/solved_tasks"] > 0
+    assert all(t.success for t in full.memory.values())
+    assert any(not torch.equal(before[n], p) for n, p in full.model.named_parameters() if n in before)
+    # killed after iteration 1: the checkpoint brings back the memory and reproduces iteration 2
+    short = BranchBCTrainer(make(), ENV, _cfg(iterations=1), env_kwargs=TEXT, out_dir=tmp_path / "killed")
+    short.train(progress=False)
+    resumed = BranchBCTrainer(make(), ENV, _cfg(), env_kwargs=TEXT, out_dir=tmp_path / "killed")
+    resumed.setup()
+    resumed.load(tmp_path / "killed" / "checkpoint")
+    assert set(resumed.memory) == set(short.memory) and resumed.screened == short.screened
+    nxt = resumed.step()
+    for key in ("rollout/success", "rollout/env_steps", "memory/tasks", "actor/pg_loss"):
+        assert nxt[key] == pytest.approx(rows[1][key], rel=1e-5, abs=1e-6), key
+
+
+def test_branch_bc_config_is_validated():
+    with pytest.raises(ValueError, match="nll"):
+        BranchBCConfig(pg_loss="ppo")
+    with pytest.raises(ValueError, match=">= 1"):
+        BranchBCConfig(branch_width=0)
+    with pytest.raises(ValueError, match="one process"):
+        BranchBCConfig(async_staleness=0)
