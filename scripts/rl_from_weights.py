@@ -1,12 +1,14 @@
-"""Diagnostics behind docs/experiments.md (2026-11-24): one RL run from given SFT weights for a
-time budget, then one greedy pass over 128 held-out TextWorld-easy games (the same list as
+"""Diagnostics behind docs/experiments.md (2026-11-24, 2026-11-25): one RL run from given SFT weights
+for a time budget, then one greedy pass over 128 held-out TextWorld-easy games (the same list as
 ``turngym train`` and ``scripts/protocol.py``). Not a learning claim: one seed, no CI here (compare
 the saved ``eval_final.json`` with the SFT run's evaluation, paired, as the docs do).
 
     python scripts/rl_from_weights.py runs/p8/seed0/sft/sft_model.pt runs/rl_fbc \\
         algo=filtered_bc task_sampling=greedy_failed actor_lr=1e-4
+    python scripts/rl_from_weights.py runs/p8/seed0/sft/sft_model.pt runs/rl_branch algo=branch_bc actor_epochs=8
 
-KEY=VALUE pairs override fields of the quickstart's ``pg`` config (``turngym train --show-config``).
+KEY=VALUE pairs override fields of the quickstart's config section for that algo (``pg``, or
+``branch`` for branch_bc, ``archer`` for archer; ``turngym train --show-config``).
 """
 
 from __future__ import annotations
@@ -20,24 +22,25 @@ from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.config import apply_overrides
 from turngym.rollout import EnvPools
-from turngym.train import TrainConfig, load_policy
-from turngym.trainers.pg import PGTrainer
+from turngym.train import TRAINERS, TrainConfig, load_policy, rl_section
 
 ENV = "turngym/TextWorld-easy-v0"
 SHOW = ("rollout/success", "rollout/invalid_rate", "pg/episodes_trained", "screen/greedy_success",
-        "rollout/seconds", "train_seconds", "env_steps")
+        "search/solved_tasks", "search/failed_tasks", "memory/tasks", "rollout/seconds", "train_seconds", "env_steps")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
         raise SystemExit(__doc__)
     weights, out, overrides = argv[0], argv[1], argv[2:]
-    cfg = apply_overrides(TrainConfig().pg, overrides)
+    algo = next((o.split("=", 1)[1] for o in overrides if o.startswith("algo=")), TrainConfig().algo)
+    section, base = rl_section(apply_overrides(TrainConfig(), [f"algo={algo}"]))
+    cfg = apply_overrides(base, [o for o in overrides if section == "pg" or not o.startswith("algo=")])
     policy = load_policy("default")
     policy.model.load_state_dict(torch.load(weights, map_location=policy.device))
     policy.invalidate_caches()
     with EnvPools() as pools:
-        trainer = PGTrainer(policy, ENV, cfg, env_kwargs={"tool_format": "xml", "split": "train"}, out_dir=out,
+        trainer = TRAINERS[section](policy, ENV, cfg, env_kwargs={"tool_format": "xml", "split": "train"}, out_dir=out,
                             pools=pools)
         trainer.train(progress=False, resume=False, on_iteration=lambda t, m: print(
             t.iteration, {k.split("/")[-1]: round(m[k], 3) for k in SHOW if k in m}, flush=True))

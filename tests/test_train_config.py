@@ -66,3 +66,14 @@ def test_autocast_auto_uses_bf16_only_where_the_hardware_has_it():
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     assert use_bf16("auto", "cpu") == native  # an AVX2-only CPU emulates bf16, far slower than fp32
     assert PGConfig().autocast == "auto" and ArcherConfig().autocast == "auto"
+
+
+def test_each_algo_trains_with_its_own_section():
+    from turngym.train import TRAINERS, rl_section
+
+    assert TrainConfig().algo == "branch_bc"
+    for algo, section, trainer in (("archer", "archer", "ArcherTrainer"), ("rloo", "pg", "PGTrainer"),
+                                   ("filtered_bc", "pg", "PGTrainer"), ("branch_bc", "branch", "BranchBCTrainer")):
+        cfg = apply_overrides(TrainConfig(), [f"algo={algo}"])
+        name, sub = rl_section(cfg)
+        assert name == section and sub is getattr(cfg, section) and TRAINERS[name].__name__ == trainer

@@ -74,6 +74,8 @@ def evaluate(
     Raises:
         ValueError: ``distinct`` and the split has fewer tasks than ``episodes``.
     """
+    if hasattr(policy, "invalidate_caches"):  # e.g. a packed bf16 copy made before the last weight update
+        policy.invalidate_caches()
     kwargs = {**(env_kwargs or {}), **getattr(policy, "env_kwargs", {})}
     if max_turns is not None:
         kwargs["max_turns"] = max_turns

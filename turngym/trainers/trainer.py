@@ -499,6 +499,7 @@ class OnlineTrainer:
                     self.train_seconds += time.perf_counter() - t0
         finally:
             self.close()
+            self.policy.invalidate_caches()  # the last update changed the weights: no stale generating copy
         bar.close()
         if main and logger is not None:
             plot_learning_curve(logger.rows(), self.out_dir / "learning_curve.png", title=f"{self.name} on {self.env_id}")
