@@ -65,7 +65,7 @@ def _quickstart_archer() -> ArcherConfig:
 
 def _quickstart_branch() -> BranchBCConfig:
     return BranchBCConfig(iterations=1, episodes_per_iter=64, num_envs=64, max_state_visits=3, max_new_tokens=16,
-                          trainable="top:8", actor_lr=3e-4, actor_epochs=4, minibatch_size=4, micro_batch_size=4,
+                          trainable="top:8", actor_lr=3e-4, actor_epochs=8, minibatch_size=4, micro_batch_size=4,
                           branch_points=2, branch_width=3, branch_depth=2, expert_replay=8)
 
 
