@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from turngym.bench.protocol import compare_arms, held_out_eval, markdown_report, plot_curves, task_groups
+from turngym.bench.protocol import (compare_arms, held_out_eval, markdown_report, plot_curves, steps_to_target,
+                                    task_groups)
 from turngym.config import apply_overrides, load_yaml
 from turngym.rollout import EnvPools
 from turngym.train import TrainConfig, load_policy, rl_section, run
@@ -241,15 +242,20 @@ class Protocol:
                 curves.setdefault(arm.name, {})[seed] = [{k: p.get(k) for k in keep} for p in points]
         table = compare_arms(finals)
         a = self.args
+        target = a.target
+        if target is None:  # default: 5 points above the SFT arm's mean, a gain every RL arm should reach
+            target = (table["sft"]["mean"]["success"] + 0.05) if "sft" in table else 0.5
+        to_target = steps_to_target(curves, target)
         report = {"env_id": self.base.env_id, "held_out_split": self.base.eval.split, "games": a.games,
                   "samples": a.samples, "temperature": self.temperature, "seeds": a.seeds,
                   "arms": {arm.name: asdict(arm) for arm in self.arms}, "config": asdict(self.base),
-                  "table": table, "curves": curves, "finals": finals}
+                  "table": table, "curves": curves, "finals": finals,
+                  "target": target, "steps_to_target": to_target}
         _write_json(self.out / "protocol.json", report)
         note = (f"{self.base.env_id}, {a.games} held-out games ({self.base.eval.split or 'no split'}), greedy and "
                 f"{a.samples} samples per game at T={self.temperature}; seeds {a.seeds}. Paired differences: "
                 f"bootstrap 95% CI over games, exact McNemar p on greedy outcomes.")
-        (self.out / "protocol.md").write_text(markdown_report(table, note=note))
+        (self.out / "protocol.md").write_text(markdown_report(table, note=note, to_target=to_target, target=target))
         plot_curves(curves, self.out / "protocol.png", title=f"{self.base.env_id}: held-out greedy success")
         return report
 
@@ -264,6 +270,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--samples", type=int, default=2, help="samples per game at the training temperature")
     p.add_argument("--temperature", type=float, default=None, help="default: the base config's RL temperature")
     p.add_argument("--eval-every", type=int, default=0, help="RL iterations between evaluations (0: iterations/4)")
+    p.add_argument("--target", type=float, default=None,
+                   help="held-out success whose env steps to reach are reported (default: SFT's mean + 0.05)")
     p.add_argument("--out", default="runs/protocol")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)

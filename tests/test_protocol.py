@@ -13,7 +13,7 @@ import torch
 from fixtures_model import build_tiny_model
 
 from turngym.bench.metrics import mcnemar_exact, paired_comparison
-from turngym.bench.protocol import compare_arms
+from turngym.bench.protocol import compare_arms, markdown_report, steps_to_target
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "protocol.py"
 
@@ -65,6 +65,22 @@ def test_compare_arms_per_seed_mean_and_pooled():
     assert pooled["n"] == 8 and pooled["diff"] == 0.25 and pooled["p_mcnemar"] == 0.5
     assert "vs_sft" not in t["sft"]["per_seed"][0]
     assert t["sft"]["by_group"]["a"] == {"success": 0.5, "ci95": pytest.approx([0.0945, 0.9055], abs=1e-3), "n": 2}
+
+
+def test_steps_to_target_by_hand():
+    pt = lambda steps, success: {"env_steps": steps, "success": success}
+    curves = {"sft": {0: [pt(0, 0.5)], 1: [pt(0, 0.4)]},
+              "rl": {0: [pt(0, 0.5), pt(100, 0.55), pt(200, 0.7)], 1: [pt(0, 0.4), pt(300, 0.6), pt(500, 0.65)]},
+              "flat": {0: [pt(0, 0.5), pt(400, 0.5)]},
+              "sft_continued": {0: [pt(None, 0.5), {"env_steps": None, "success": 0.9}]}}
+    got = steps_to_target(curves, 0.6)
+    assert got["rl"] == {"per_seed": {0: 200, 1: 300}, "reached": 2, "seeds": 2, "mean_steps": 250.0,
+                         "final_env_steps": 350.0}
+    assert got["flat"]["per_seed"] == {0: None} and got["flat"]["mean_steps"] is None
+    assert got["sft"]["reached"] == 0 and got["sft"]["final_env_steps"] == 0.0
+    assert "sft_continued" not in got  # no env steps: not comparable on this axis
+    md = markdown_report(compare_arms({"sft": {0: _rec([0, 1])}}), to_target=got, target=0.6)
+    assert "| rl | 200, 300 | 2/2 | 250 | 350 |" in md
 
 
 def test_time_budgets_and_hooks(tmp_path, tiny_tokenizer):

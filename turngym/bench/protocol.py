@@ -164,6 +164,40 @@ def _by_group(recs) -> dict:
     return out
 
 
+def steps_to_target(curves: dict[str, dict[int, list[dict]]], target: float) -> dict:
+    """Env steps each arm needed to reach ``target`` held-out success, per seed and over seeds.
+
+    A seed's value is the env steps of its first evaluated point at or above ``target`` (so it is an
+    upper bound when evaluations are sparse), or None when no point reaches it. Arms without env
+    steps (SFT-continued) are left out.
+
+    Args:
+        curves: ``{arm: {seed: [{"env_steps", "success", ...}, ...]}}`` in training order.
+        target: The held-out greedy success to reach.
+
+    Returns:
+        ``{arm: {"per_seed": {seed: steps | None}, "reached": k, "seeds": n, "mean_steps": mean over
+        the seeds that reached it | None, "final_env_steps": mean over seeds of the last point's env
+        steps}}``.
+    """
+    out = {}
+    for arm, by_seed in curves.items():
+        per_seed, finals = {}, []
+        for seed, points in sorted(by_seed.items()):
+            points = [p for p in points if p.get("env_steps") is not None]
+            if not points:
+                break
+            per_seed[seed] = next((p["env_steps"] for p in points if p["success"] >= target), None)
+            finals.append(points[-1]["env_steps"])
+        if not finals:
+            continue
+        hit = [v for v in per_seed.values() if v is not None]
+        out[arm] = {"per_seed": per_seed, "reached": len(hit), "seeds": len(per_seed),
+                    "mean_steps": float(np.mean(hit)) if hit else None,
+                    "final_env_steps": float(np.mean(finals))}
+    return out
+
+
 # ----- the report ---------------------------------------------------------------------------------
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
@@ -177,7 +211,8 @@ def _diff(v: dict | None) -> str:
     return f"{v['diff']:+.1%} [{lo:+.1%}, {hi:+.1%}]{p}"
 
 
-def markdown_report(table: dict, *, title: str = "Learning protocol", note: str = "") -> str:
+def markdown_report(table: dict, *, title: str = "Learning protocol", note: str = "",
+                    to_target: dict | None = None, target: float | None = None) -> str:
     """``compare_arms``' table as Markdown: arm x seed (and mean over seeds) with the paired
     differences against the baselines, then greedy success per report group.
 
@@ -185,6 +220,8 @@ def markdown_report(table: dict, *, title: str = "Learning protocol", note: str 
         table: ``compare_arms``' result.
         title: The heading.
         note: A line under the heading (e.g. the env, games, temperature).
+        to_target: ``steps_to_target``' result, reported after the table when given.
+        target: The success ``to_target`` was computed for.
 
     Returns:
         The Markdown text.
@@ -205,6 +242,15 @@ def markdown_report(table: dict, *, title: str = "Learning protocol", note: str 
             pooled = m.get(f"pooled_vs_{b}", {}).get("greedy")
             cells.append("-" if pooled is None else f"{m[f'vs_{b}']:+.1%}; pooled {_diff(pooled)}")
         lines.append("| " + " | ".join(cells) + " |")
+    if to_target:
+        lines += ["", f"## Env steps to reach {target:.1%} held-out greedy success", "",
+                  "First evaluated point at or above the target (an upper bound between evaluations).", "",
+                  "| arm | per seed | seeds reaching it | mean env steps (those seeds) | env steps at the end (mean) |",
+                  "|---|---|---|---|---|"]
+        for arm, r in to_target.items():
+            seeds = ", ".join("-" if v is None else str(v) for v in r["per_seed"].values())
+            mean = "-" if r["mean_steps"] is None else f"{r['mean_steps']:.0f}"
+            lines.append(f"| {arm} | {seeds} | {r['reached']}/{r['seeds']} | {mean} | {r['final_env_steps']:.0f} |")
     groups = sorted({g for res in table.values() for g in res["by_group"]})
     lines += ["", "## Greedy success per task group (pooled over seeds)", "",
               "| group | " + " | ".join(table) + " |", "|" + "---|" * (len(table) + 1)]
