@@ -232,10 +232,18 @@ class Protocol:
             points[0]["env_steps"] = None  # SFT-continued plays no env steps: plotted against time only
         return mine["eval_final"], points + mid + [end]
 
-    def assemble(self) -> dict:
+    def finished(self, arm: Arm, seed: int) -> bool:
+        stages = _read_json(self.out / f"seed{seed}" / arm.name / "stages.json", {})
+        return "eval_sft" in stages if arm.algo == "sft" else "eval_final" in stages
+
+    def assemble(self, partial: bool = False) -> dict:
+        """The report from the arms' output dirs; ``partial`` leaves out the (arm, seed) pairs that
+        have not finished (pooled statistics then use the seeds both arms have)."""
         finals, curves = {}, {}
         for arm in self.arms:
             for seed in self.args.seeds:
+                if partial and not self.finished(arm, seed):
+                    continue
                 final, points = self.curve(arm, seed)
                 finals.setdefault(arm.name, {})[seed] = final
                 keep = ("iteration", "env_steps", "train_seconds", "success", "success_ci95", "temp_success")
@@ -274,10 +282,13 @@ def main(argv: list[str] | None = None) -> dict:
                    help="held-out success whose env steps to reach are reported (default: SFT's mean + 0.05)")
     p.add_argument("--out", default="runs/protocol")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: report the (arm, seed) pairs that have finished")
     args = p.parse_args(argv)
     if not args.arm:
         args.arm = ["sft", "sft_continued", "rloo"]
-    report = Protocol(args).run_all()
+    protocol = Protocol(args)
+    report = protocol.assemble(partial=True) if args.report_only else protocol.run_all()
     print((Path(args.out) / "protocol.md").read_text())
     return report
 

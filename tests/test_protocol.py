@@ -161,3 +161,8 @@ eval: {{split: '', max_new_tokens: 6, num_envs: 4}}
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[protocol]")]
     assert len(lines) == 1 and "rloo final" in lines[0]
     assert again["finals"]["rloo"][0]["per_episode_success"] == report["finals"]["rloo"][0]["per_episode_success"]
+
+    # --report-only trains nothing and leaves out what has not finished (here a seed never run)
+    partial = script.main([*argv, "--seeds", "0", "1", "--report-only"])
+    assert not [x for x in capsys.readouterr().out.splitlines() if x.startswith("[protocol]")]
+    assert set(partial["finals"]["rloo"]) == {0} and partial["table"]["rloo"]["mean"]["seeds"] == 1
