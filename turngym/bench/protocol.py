@@ -186,7 +186,7 @@ def steps_to_target(curves: dict[str, dict[int, list[dict]]], target: float) -> 
         for seed, points in sorted(by_seed.items()):
             points = [p for p in points if p.get("env_steps") is not None]
             if not points:
-                break
+                continue
             per_seed[seed] = next((p["env_steps"] for p in points if p["success"] >= target), None)
             finals.append(points[-1]["env_steps"])
         if not finals:
