@@ -162,10 +162,10 @@ class Protocol:
         """SFT from the seed's SFT weights for ``budget`` training seconds, evaluated at ``at``."""
         cfg = self.config(arm, seed)
         out = Path(cfg.output_dir)
+        if self.finished(arm, seed):
+            return
         self.start_from_sft(sft_dir, out)
         stages = _read_json(out / "stages.json")
-        if "eval_final" in stages:
-            return
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
