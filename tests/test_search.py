@@ -110,6 +110,22 @@ def test_env_basics():
     json.dumps(info)
 
 
+@needs_bm25
+def test_state_key_moves_only_when_the_agent_learns_something():
+    env = turngym.make("turngym/Search-synthetic-v0").unwrapped
+    _, info = env.reset(seed=1)
+    start, title = info["state_key"], env.qa.docs[0].title
+    _, _, _, _, info = env.step(f"<search>{title}</search>")
+    listed = info["state_key"]
+    assert listed != start  # new titles listed
+    _, _, _, _, info = env.step(f"<search>{title}</search>")
+    assert info["state_key"] == listed  # the same search again lists nothing new: a loop
+    _, _, _, _, info = env.step(f"<open>{title}</open>")
+    assert info["state_key"] not in (start, listed)
+    _, _, _, _, info = env.step("<answer>x</answer>")
+    assert info["state_key"].endswith(":done")
+
+
 # ----- HTTP backend ------------------------------------------------------------------------------
 class _Stub:
     """A local search service whose behaviour the test switches: ok, slow, 500, garbage, malformed."""

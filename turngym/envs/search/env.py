@@ -167,9 +167,13 @@ class SearchEnv(TextEnv):
         return self._em
 
     def state_key(self) -> str:
+        # What the agent knows: the pages it opened and the titles its searches listed. A search
+        # that lists nothing new leaves the state as it was (a loop, for GiGPO anchors and branch
+        # search); one that lists a new title moves it.
+        known = sorted(self._opened) + ["?" + title for title in sorted(self._searched)]
         # surrogatepass: a title from third-party data may hold a lone surrogate
-        opened = hashlib.sha1("\n".join(sorted(self._opened)).encode("utf-8", "surrogatepass")).hexdigest()[:12]
-        return f"{self._task_id}:{'done' if self._answer is not None else opened}"
+        digest = hashlib.sha1("\n".join(known).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        return f"{self._task_id}:{'done' if self._answer is not None else digest}"
 
     def task_type(self, task_id: str) -> str:
         return self.tasks[task_id].qtype if task_id in self.tasks else "default"

@@ -239,12 +239,38 @@ def _run_generator(level: str, split: str, n: int, folder: Path) -> None:
     path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": path}
     limit = 120 + 60 * (n - have)  # a game takes seconds; a hung compiler should not hang us
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"TextWorld game generation took over {limit}s; progress so far is kept") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"TextWorld game generation failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        code = _wait_with_progress(proc, folder, have, n, limit)
+        err.seek(0)
+        stderr = err.read()
+    if code is None:
+        raise RuntimeError(f"TextWorld game generation took over {limit}s; progress so far is kept")
+    if code != 0:
+        raise RuntimeError(f"TextWorld game generation failed (exit {code}):\n{stderr[-3000:]}")
+
+
+def _wait_with_progress(proc: subprocess.Popen, folder: Path, have: int, n: int, limit: float) -> int | None:
+    """The child's exit code, with a progress bar fed by the index it writes after every game;
+    ``None`` (the child killed) past ``limit`` seconds."""
+    from tqdm.auto import tqdm
+
+    deadline = time.monotonic() + limit
+    with tqdm(total=n - have, desc="games", unit="game", leave=False) as bar:
+        while True:
+            try:
+                code = proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                code = None
+            index = read_index(folder) or {}
+            done = len(index.get("games", [])) or have
+            bar.update(max(0, min(n, done) - have - bar.n))
+            if code is not None:
+                return code
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                return None
 
 
 # ----- the generator (runs in the child process, under the split's lock) ------------------------
