@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from turngym.bench.protocol import (compare_arms, held_out_eval, markdown_report, plot_curves, steps_to_target,
-                                    task_groups)
+from turngym.bench.protocol import (compare_arms, held_out_eval, markdown_report, plot_curves, release_memory,
+                                    steps_to_target, task_groups)
 from turngym.config import apply_overrides, load_yaml
 from turngym.rollout import EnvPools
 from turngym.train import TrainConfig, load_policy, rl_section, run
@@ -195,11 +195,14 @@ class Protocol:
         with self.pools:
             for seed in self.args.seeds:
                 sft_dir = self.run_sft(seed)
+                release_memory()
                 for arm in (a for a in self.arms if a.is_rl):
                     self.run_rl(arm, seed, sft_dir)
+                    release_memory()
                 for arm in (a for a in self.arms if a.algo == "sft_continued"):
                     budget, at = self.matched_time(seed)
                     self.run_sft_continued(arm, seed, sft_dir, budget, at)
+                    release_memory()
         return self.assemble()
 
     def matched_time(self, seed: int) -> tuple[float, list[float]]:

@@ -13,7 +13,7 @@ import torch
 from fixtures_model import build_tiny_model
 
 from turngym.bench.metrics import mcnemar_exact, paired_comparison
-from turngym.bench.protocol import compare_arms, markdown_report, steps_to_target
+from turngym.bench.protocol import compare_arms, markdown_report, release_memory, steps_to_target
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "protocol.py"
 
@@ -166,3 +166,19 @@ eval: {{split: '', max_new_tokens: 6, num_envs: 4}}
     partial = script.main([*argv, "--seeds", "0", "1", "--report-only"])
     assert not [x for x in capsys.readouterr().out.splitlines() if x.startswith("[protocol]")]
     assert set(partial["finals"]["rloo"]) == {0} and partial["table"]["rloo"]["mean"]["seeds"] == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")
+def test_release_memory_gives_freed_heap_pages_back():
+    def rss_mb() -> float:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+
+    blocks = [bytearray(4096) for _ in range(50_000)]  # 200 MB of heap (glibc malloc, not mmap)
+    survivor = bytearray(4096)  # above them: the heap cannot shrink from its top
+    loaded = rss_mb()
+    del blocks
+    kept = rss_mb()
+    assert release_memory()
+    released = rss_mb()
+    assert kept - released > 100, (loaded, kept, released)
+    assert len(survivor) == 4096

@@ -9,6 +9,8 @@ the per-game differences, exact McNemar test on the greedy outcomes).
 
 from __future__ import annotations
 
+import ctypes
+import gc
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,23 @@ from turngym.bench.metrics import paired_comparison, wilson_interval
 from turngym.rollout import EnvPools
 
 BASELINES = ("sft", "sft_continued")
+
+
+def release_memory() -> bool:
+    """Collect garbage and hand the heap's free pages back to the OS; call it between arms.
+
+    A protocol process runs arm after arm. glibc keeps what a finished arm freed (activations,
+    optimizer state, a policy) in its heap, behind blocks still in use, so the process's RSS only
+    grows: 2.7 GB after the first arm of the Search protocol, 8.6 GB after five
+    (docs/experiments.md). ``malloc_trim`` returns those pages. Returns whether it could be called
+    (glibc only; elsewhere this only collects garbage).
+    """
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 def task_groups(env_id: str, env_kwargs: dict) -> dict[str, str]:
