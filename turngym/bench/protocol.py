@@ -31,8 +31,9 @@ def release_memory() -> bool:
 
     A protocol process runs arm after arm. glibc keeps what a finished arm freed (activations,
     optimizer state, a policy) in its heap, behind blocks still in use, so the process's RSS only
-    grows: 2.7 GB after the first arm of the Search protocol, 8.6 GB after five
-    (docs/experiments.md). ``malloc_trim`` returns those pages. Returns whether it could be called
+    grows to the highest peak any arm had (the Search protocol's process: 2.7 GB, then 7.7 and
+    8.6 GB after the branch rounds of seeds 1 and 2, and it stayed there). ``malloc_trim``
+    returns those pages. Returns whether it could be called
     (glibc only; elsewhere this only collects garbage).
     """
     gc.collect()
