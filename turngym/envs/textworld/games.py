@@ -241,7 +241,12 @@ def _run_generator(level: str, split: str, n: int, folder: Path) -> None:
     limit = 120 + 60 * (n - have)  # a game takes seconds; a hung compiler should not hang us
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        code = _wait_with_progress(proc, folder, have, n, limit)
+        try:
+            code = _wait_with_progress(proc, folder, have, n, limit)
+        except BaseException:  # Ctrl-C: the child goes too (the games it finished are kept)
+            proc.kill()
+            proc.wait()
+            raise
         err.seek(0)
         stderr = err.read()
     if code is None:
