@@ -150,7 +150,10 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     rng = random.Random(cfg.seed)
     steps_per_epoch = (len(data) + cfg.batch_size - 1) // cfg.batch_size
-    bar = tqdm(total=cfg.epochs * steps_per_epoch, desc="sft", disable=not progress)
+    # A time budget usually ends the run long before its epochs would: the bar then counts seconds
+    budgeted = bool(cfg.time_budget_s)
+    bar = tqdm(total=round(cfg.time_budget_s) if budgeted else cfg.epochs * steps_per_epoch, desc="sft",
+               unit="s" if budgeted else "it", disable=not progress)
     model.train()
     epoch_loss, step, hook_s = float("nan"), 0, 0.0  # hook_s: time in on_step, not training time
     t_train = time.perf_counter()  # the budget counts updates only: the expert data is made once
@@ -168,7 +171,7 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             opt.step()
             total, count, step = total + loss.item(), count + 1, step + 1
-            bar.update(1)
+            bar.update(min(bar.total, int(time.perf_counter() - t_train - hook_s)) - bar.n if budgeted else 1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if logger is not None:
                 logger.log({"sft/loss": loss.item()}, step=epoch * steps_per_epoch + count)
