@@ -180,5 +180,5 @@ def test_release_memory_gives_freed_heap_pages_back():
     kept = rss_mb()
     assert release_memory()
     released = rss_mb()
-    assert kept - released > 100, (loaded, kept, released)
+    assert kept - released > 50, (loaded, kept, released)  # MB; about 160 here
     assert len(survivor) == 4096
