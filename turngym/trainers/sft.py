@@ -157,7 +157,8 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
     model.train()
     epoch_loss, step, hook_s = float("nan"), 0, 0.0  # hook_s: time in on_step, not training time
     t_train = time.perf_counter()  # the budget counts updates only: the expert data is made once
-    over = lambda: bool(cfg.time_budget_s) and time.perf_counter() - t_train - hook_s >= cfg.time_budget_s
+    trained_s = lambda: time.perf_counter() - t_train - hook_s
+    over = lambda: bool(cfg.time_budget_s) and trained_s() >= cfg.time_budget_s
     for epoch in range(cfg.epochs):
         order = list(range(len(data)))
         rng.shuffle(order)
@@ -171,12 +172,12 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             opt.step()
             total, count, step = total + loss.item(), count + 1, step + 1
-            bar.update(min(bar.total, int(time.perf_counter() - t_train - hook_s)) - bar.n if budgeted else 1)
+            bar.update(min(bar.total, int(trained_s())) - bar.n if budgeted else 1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if logger is not None:
                 logger.log({"sft/loss": loss.item()}, step=epoch * steps_per_epoch + count)
             if on_step is not None:
-                h0, train_s = time.perf_counter(), time.perf_counter() - t_train - hook_s
+                h0, train_s = time.perf_counter(), trained_s()
                 _call_in_eval_mode(model, policy, on_step, {"sft/step": step, "sft/loss": loss.item(),
                                                             "sft/train_seconds": train_s})
                 hook_s += time.perf_counter() - h0
@@ -186,7 +187,7 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
         if over():
             break
     bar.close()
-    return {"sft/loss": epoch_loss, "sft/train_seconds": time.perf_counter() - t_train - hook_s, "sft/steps": step}
+    return {"sft/loss": epoch_loss, "sft/train_seconds": trained_s(), "sft/steps": step}
 
 
 def _call_in_eval_mode(model: Any, policy: Any, fn: Callable[[dict], None], metrics: dict) -> None:
