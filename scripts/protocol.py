@@ -9,6 +9,8 @@ training temperature) at its start, every ``--eval-every`` iterations and at its
   e.g. ``rloo`` or ``"archer_kl=archer:archer.kl_coef=0.01 archer.tau=0.1"``;
 - ``sft_continued``: SFT continued on the expert data for as many training seconds as the longest
   RL arm of that seed trained (evaluation excluded), evaluated at the same wall-clock points.
+  Every such arm (``NAME=sft_continued``) is a baseline the others are compared with; a finished one
+  is kept when a longer RL arm is added later, so match that arm with a second, newly named one.
 
     python scripts/protocol.py --config configs/quickstart.yaml --arm sft --arm sft_continued \\
         --arm archer --arm rloo --seeds 0 1 2 --games 128 --samples 2 --out runs/protocol
@@ -251,7 +253,9 @@ class Protocol:
                 finals.setdefault(arm.name, {})[seed] = final
                 keep = ("iteration", "env_steps", "train_seconds", "success", "success_ci95", "temp_success")
                 curves.setdefault(arm.name, {})[seed] = [{k: p.get(k) for k in keep} for p in points]
-        table = compare_arms(finals)
+        # every SFT-continued arm is a baseline: one matched to each RL arm's time gets its own column
+        baselines = ("sft", *(a.name for a in self.arms if a.algo == "sft_continued"))
+        table = compare_arms(finals, baselines)
         a = self.args
         target = a.target
         if target is None:  # default: 5 points above the SFT arm's mean, a gain every RL arm should reach
@@ -266,7 +270,8 @@ class Protocol:
         note = (f"{self.base.env_id}, {a.games} held-out games ({self.base.eval.split or 'no split'}), greedy and "
                 f"{a.samples} samples per game at T={self.temperature}; seeds {a.seeds}. Paired differences: "
                 f"bootstrap 95% CI over games, exact McNemar p on greedy outcomes.")
-        (self.out / "protocol.md").write_text(markdown_report(table, note=note, to_target=to_target, target=target))
+        (self.out / "protocol.md").write_text(markdown_report(table, note=note, to_target=to_target, target=target,
+                                                                    baselines=baselines))
         plot_curves(curves, self.out / "protocol.png", title=f"{self.base.env_id}: held-out greedy success")
         return report
 

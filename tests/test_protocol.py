@@ -67,6 +67,14 @@ def test_compare_arms_per_seed_mean_and_pooled():
     assert t["sft"]["by_group"]["a"] == {"success": 0.5, "ci95": pytest.approx([0.0945, 0.9055], abs=1e-3), "n": 2}
 
 
+def test_a_second_sft_continued_arm_is_a_baseline_with_its_own_column():
+    finals = {"sft": {0: _rec([0, 0, 1, 1])}, "rl": {0: _rec([1, 1, 1, 1])}, "sft_cont_2r": {0: _rec([0, 1, 1, 1])}}
+    t = compare_arms(finals, ("sft", "sft_cont_2r"))
+    assert t["rl"]["per_seed"][0]["vs_sft_cont_2r"]["greedy"]["diff"] == 0.25  # 1 of 4 games won, none lost
+    md = markdown_report(t, baselines=("sft", "sft_cont_2r"))
+    assert "vs sft_cont_2r: diff [95% CI], McNemar p" in md and "vs sft_continued" not in md
+
+
 def test_steps_to_target_by_hand():
     pt = lambda steps, success: {"env_steps": steps, "success": success}
     curves = {"sft": {0: [pt(0, 0.5)], 1: [pt(0, 0.4)]},

@@ -232,7 +232,8 @@ def _diff(v: dict | None) -> str:
 
 
 def markdown_report(table: dict, *, title: str = "Learning protocol", note: str = "",
-                    to_target: dict | None = None, target: float | None = None) -> str:
+                    to_target: dict | None = None, target: float | None = None,
+                    baselines: tuple[str, ...] = BASELINES) -> str:
     """``compare_arms``' table as Markdown: arm x seed (and mean over seeds) with the paired
     differences against the baselines, then greedy success per report group.
 
@@ -242,11 +243,12 @@ def markdown_report(table: dict, *, title: str = "Learning protocol", note: str 
         note: A line under the heading (e.g. the env, games, temperature).
         to_target: ``steps_to_target``' result, reported after the table when given.
         target: The success ``to_target`` was computed for.
+        baselines: The arms that get a column of paired differences (those in ``table``).
 
     Returns:
         The Markdown text.
     """
-    bases = [b for b in BASELINES if b in table]
+    bases = [b for b in baselines if b in table]
     head = ["arm", "seed", "greedy success [95% CI] (n)", "temp success"] + [f"vs {b}: diff [95% CI], McNemar p"
                                                                           for b in bases]
     lines = [f"# {title}", "", note, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
