@@ -115,6 +115,20 @@ def test_time_budgets_and_hooks(tmp_path, tiny_tokenizer):
     assert res["sft/steps"] == 1 and [m["sft/step"] for m in steps] == [1] and res["sft/train_seconds"] > 0
 
 
+def test_a_time_budgeted_trainer_bar_counts_seconds_not_the_iteration_cap(tmp_path, tiny_tokenizer, capsys):
+    from turngym.agents.hf import HFPolicy
+    from turngym.trainers.pg import PGConfig, PGTrainer
+
+    cfg = PGConfig(algo="rloo", iterations=1000, episodes_per_iter=2, group_size=2, num_envs=2, max_new_tokens=4,
+                   autocast="none", time_budget_s=1.0, checkpoint_every=0)
+    t = PGTrainer(HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer), "tests/Guess-v0", cfg,
+                  out_dir=tmp_path / "pg")
+    t.train(progress=True)
+    bar = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert t.done() and t.train_seconds >= 1.0
+    assert "1/1 [" in bar and "s/s" in bar and f"it={t.iteration}" in bar and "/1000" not in bar, bar
+
+
 def _load_script():
     spec = importlib.util.spec_from_file_location("protocol_script", SCRIPT)
     mod = importlib.util.module_from_spec(spec)

@@ -475,7 +475,11 @@ class OnlineTrainer:
         if logger is not None and main:
             logger.truncate(self.iteration)  # rows past the checkpoint are replayed, not repeated
         cfg = self.cfg
-        bar = tqdm(total=cfg.iterations, initial=self.iteration, desc=self.name, disable=not (progress and main))
+        # with a time budget the bar counts training seconds: iterations (1000 as a "no cap") gave a 31-hour ETA
+        budgeted = cfg.time_budget_s > 0
+        bar = tqdm(total=round(cfg.time_budget_s) if budgeted else cfg.iterations,
+                   initial=min(round(cfg.time_budget_s), int(self.train_seconds)) if budgeted else self.iteration,
+                   unit="s" if budgeted else "it", desc=self.name, disable=not (progress and main))
         rows = []
         try:
             while not self.done():
@@ -486,8 +490,8 @@ class OnlineTrainer:
                 if logger is not None and main:
                     logger.log(metrics, step=self.iteration)
                 rows.append(metrics)
-                bar.update(1)
-                bar.set_postfix(success=f"{metrics['rollout/success']:.2f}", steps=metrics["env_steps"])
+                bar.update(min(bar.total, int(self.train_seconds)) - bar.n if budgeted else 1)
+                bar.set_postfix(it=self.iteration, success=f"{metrics['rollout/success']:.2f}", steps=metrics["env_steps"])
                 if on_iteration is not None:
                     with self.weights_lock():
                         on_iteration(self, metrics)
