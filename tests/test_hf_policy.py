@@ -369,12 +369,27 @@ def test_a_model_the_packed_loop_does_not_match_falls_back_to_padded(tiny_model)
     type_ = type("ScaledLayer", (type(layer),), {"forward": lambda self, h, *a, **k: plain(self, 2 * h, *a, **k)})
     layer.__class__ = type_
     assert PackedLM.build(model) is None
+    assert PackedLM.build(model, torch.bfloat16) is None  # a bf16 engine is probed on the fp32 weights
     pol = HFPolicy(model, tiny_model.tokenizer, packed=True, generation_dtype=FP32)
     assert pol.packed is None
     u = pol.act(_convs(1), GREEDY)[0]
     with torch.no_grad():
         logits = model(torch.tensor([u.prompt_ids + u.action_ids])).logits[0, len(u.prompt_ids) - 1 : -1]
     assert logits.argmax(-1).tolist() == u.action_ids
+
+
+def test_a_bf16_engine_over_fp32_weights_is_probed_exactly_in_fp32(tiny_model, monkeypatch):
+    """bf16 rounding noise must not decide whether the packed path is used: the probe runs on the
+    fp32 model itself (no copy), where the loop agrees with the forward to ~1e-5."""
+    from turngym.agents.packed import PackedLM
+
+    probed = []
+    real = PackedLM.probe
+    monkeypatch.setattr(PackedLM, "probe", lambda self: probed.append((self.dtype, self.runner)) or real(self))
+    model = copy.deepcopy(tiny_model.model)
+    packed = PackedLM.build(model, torch.bfloat16)
+    assert packed is not None and packed.dtype == torch.bfloat16 and packed.runner is not model
+    assert probed == [(torch.float32, model)]
 
 
 def test_bf16_generation_copies_the_weights_and_follows_training(tiny_model):
