@@ -23,7 +23,6 @@ from typing import Any, Callable
 
 import gymnasium as gym
 import torch
-from tqdm.auto import tqdm
 
 from turngym.agents.base import Conversation
 from turngym.agents.scripted import OracleAgent
@@ -31,6 +30,7 @@ from turngym.config import knob
 from turngym.rollout import episode_specs, make_env_factory, rollout
 from turngym.rollout.handles import describe_env
 from turngym.trainers.actor import autocast, prepare_trainable
+from turngym.trainers.logger import advance_bar, progress_bar
 from turngym.trainers.sequences import pack_batch, score
 from turngym.types import Message, Trajectory, Turn
 
@@ -150,10 +150,7 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     rng = random.Random(cfg.seed)
     steps_per_epoch = (len(data) + cfg.batch_size - 1) // cfg.batch_size
-    # A time budget usually ends the run long before its epochs would: the bar then counts seconds
-    budgeted = bool(cfg.time_budget_s)
-    bar = tqdm(total=round(cfg.time_budget_s) if budgeted else cfg.epochs * steps_per_epoch, desc="sft",
-               unit="s" if budgeted else "it", disable=not progress)
+    bar = progress_bar("sft", steps=cfg.epochs * steps_per_epoch, budget_s=cfg.time_budget_s, disable=not progress)
     model.train()
     epoch_loss, step, hook_s = float("nan"), 0, 0.0  # hook_s: time in on_step, not training time
     t_train = time.perf_counter()  # the budget counts updates only: the expert data is made once
@@ -172,7 +169,7 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             opt.step()
             total, count, step = total + loss.item(), count + 1, step + 1
-            bar.update(min(bar.total, int(trained_s())) - bar.n if budgeted else 1)
+            advance_bar(bar, trained_s())
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if logger is not None:
                 logger.log({"sft/loss": loss.item()}, step=epoch * steps_per_epoch + count)

@@ -32,7 +32,6 @@ from typing import Any, Callable
 
 import gymnasium as gym
 import torch
-from tqdm.auto import tqdm
 
 from turngym.agents.base import SamplingParams
 from turngym.config import knob
@@ -50,7 +49,7 @@ from turngym.trainers.distributed import (
     model_state_dict,
     optimizer_state_dict,
 )
-from turngym.trainers.logger import MetricsLogger, plot_learning_curve
+from turngym.trainers.logger import MetricsLogger, advance_bar, plot_learning_curve, progress_bar
 from turngym.types import Trajectory
 
 # task_sampling=greedy_failed: a task greedy decoding solved keeps a small chance of a group, so
@@ -475,11 +474,8 @@ class OnlineTrainer:
         if logger is not None and main:
             logger.truncate(self.iteration)  # rows past the checkpoint are replayed, not repeated
         cfg = self.cfg
-        # with a time budget the bar counts training seconds: iterations (1000 as a "no cap") gave a 31-hour ETA
-        budgeted = cfg.time_budget_s > 0
-        bar = tqdm(total=round(cfg.time_budget_s) if budgeted else cfg.iterations,
-                   initial=min(round(cfg.time_budget_s), int(self.train_seconds)) if budgeted else self.iteration,
-                   unit="s" if budgeted else "it", desc=self.name, disable=not (progress and main))
+        bar = progress_bar(self.name, steps=cfg.iterations, budget_s=cfg.time_budget_s, done_steps=self.iteration,
+                           done_s=self.train_seconds, disable=not (progress and main))
         rows = []
         try:
             while not self.done():
@@ -490,7 +486,7 @@ class OnlineTrainer:
                 if logger is not None and main:
                     logger.log(metrics, step=self.iteration)
                 rows.append(metrics)
-                bar.update(min(bar.total, int(self.train_seconds)) - bar.n if budgeted else 1)
+                advance_bar(bar, self.train_seconds)
                 bar.set_postfix(it=self.iteration, success=f"{metrics['rollout/success']:.2f}", steps=metrics["env_steps"])
                 if on_iteration is not None:
                     with self.weights_lock():
