@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import turngym
+from turngym.data import forget_warnings
 from turngym.envs.sql.spider import load_spider
 
 SCHEMA = """
@@ -36,6 +37,7 @@ QUESTIONS = [
 @pytest.fixture(autouse=True)
 def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TURNGYM_CACHE", str(tmp_path_factory.getbasetemp() / "spider-cache"))
+    forget_warnings()  # data warnings print once per process; each test starts afresh
 
 
 @pytest.fixture
@@ -75,8 +77,7 @@ def test_null_token_missing_table_and_caps(spider_dir, caplog):
 def test_null_token_becomes_sql_null_and_the_env_grades_with_it(spider_dir, caplog):
     suite, _ = _load(spider_dir, caplog)  # default caps: the 30-row gold stays
     assert len(suite.tasks) == 3
-    with pytest.warns(UserWarning, match="audit"):
-        env = turngym.make("turngym/SQL-spider-v1", data_dir=str(spider_dir.parent), split="all").unwrapped
+    env = turngym.make("turngym/SQL-spider-v1", data_dir=str(spider_dir.parent), split="all").unwrapped  # warned above
     count_task = next(t for t in env.task_ids if env.tasks[t].gold_sql == QUESTIONS[0][1])
     env.reset(seed=0, options={"task_id": count_task})
     assert env.db.run(QUESTIONS[0][1])[1] == [(2,)]  # "NULL" and "" only; "Null" is a name of a city
@@ -94,8 +95,7 @@ def test_null_token_becomes_sql_null_and_the_env_grades_with_it(spider_dir, capl
 
 def test_strict_columns_option(spider_dir, caplog):
     _load(spider_dir, caplog)
-    with pytest.warns(UserWarning, match="audit"):
-        env = turngym.make("turngym/SQL-spider-v1", data_dir=str(spider_dir.parent), split="all", strict_columns=True).unwrapped
+    env = turngym.make("turngym/SQL-spider-v1", data_dir=str(spider_dir.parent), split="all", strict_columns=True).unwrapped
     by_id = next(t for t in env.task_ids if env.tasks[t].gold_sql == QUESTIONS[4][1])
     env.reset(seed=0, options={"task_id": by_id})
     _, reward, *_ = env.step("<submit>SELECT city, name FROM keeper ORDER BY id</submit>")
@@ -104,6 +104,7 @@ def test_strict_columns_option(spider_dir, caplog):
 
 def test_the_cache_keeps_the_missing_tables(spider_dir, caplog, tmp_path):
     first, _ = _load(spider_dir, caplog, cache=tmp_path / "c")
+    forget_warnings()
     again, warned = _load(spider_dir, caplog, cache=tmp_path / "c")  # from the cache: no rebuild
     assert again.missing_tables == first.missing_tables == {"zoo": ["audit"]}
     assert any("audit" in w for w in warned) and not any("ghost" in w for w in warned)
@@ -116,3 +117,16 @@ def test_a_csv_that_does_not_load_is_a_missing_table(spider_dir, caplog):
     assert any("animal.csv did not load" in w for w in warned)
     assert suite.missing_tables == {"zoo": ["animal", "audit"]}
     assert suite.dropped["missing_table"] == 2
+
+
+def test_data_warnings_print_once_per_process(spider_dir, caplog):
+    """Every env loads its data; the warnings about it are printed by the first load only."""
+    _, warned = _load(spider_dir, caplog, max_rows=20)
+    assert warned and caplog.text.count("tasks left out") == 1
+    import warnings
+
+    with warnings.catch_warnings(record=True) as again, caplog.at_level(logging.WARNING, logger="turngym.envs.sql.spider"):
+        warnings.simplefilter("always")
+        load_spider(spider_dir, max_rows=20)
+        load_spider(spider_dir, max_rows=20)
+    assert again == [] and caplog.text.count("tasks left out") == 1

@@ -21,6 +21,7 @@ from turngym.data.registry import (
     get_dataset,
     register_dataset,
 )
+from turngym.data.warn import forget_warnings, warn_once
 
 
 def download(name: str, **kwargs):
@@ -38,5 +39,5 @@ def list_datasets() -> dict[str, str]:
 __all__ = [
     "DATASETS", "Dataset", "RemoteFile", "DataNotFound", "ENV_DATA", "ENV_CACHE",
     "cache_root", "dataset_path", "download", "download_dir", "get_dataset", "list_datasets",
-    "register_dataset",
+    "register_dataset", "warn_once", "forget_warnings",
 ]

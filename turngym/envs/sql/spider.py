@@ -27,12 +27,12 @@ import logging
 import os
 import re
 import sqlite3
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from turngym.data.registry import cache_root
+from turngym.data.warn import warn_once
 from turngym.envs.sql.sandbox import MAX_RESULT_BYTES, ReadOnlyDB, SQLError
 from turngym.envs.sql.synthetic import SQLTask
 from turngym.tools.base import valid_unicode
@@ -112,7 +112,7 @@ def build_csv_database(db_dir: Path, dest: Path) -> list[str]:
         for path in sorted((db_dir / "data").glob("*.csv")):
             name = tables.get(path.stem.lower())
             if name is None:
-                warnings.warn(f"Spider {db_id}: {path.name} matches no table of schema.sql; ignored", stacklevel=2)
+                warn_once(f"Spider {db_id}: {path.name} matches no table of schema.sql; ignored")
             elif _load_csv(conn, name, path):
                 loaded.add(name.lower())
         missing = sorted(t for low, t in tables.items() if low not in loaded)
@@ -141,7 +141,7 @@ def _load_csv(conn: sqlite3.Connection, table: str, path: Path) -> bool:
     except (OSError, UnicodeDecodeError, ValueError, csv.Error, sqlite3.Error) as e:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
-        warnings.warn(f"Spider: {path} did not load into table {table}: {type(e).__name__}: {e}", stacklevel=3)
+        warn_once(f"Spider: {path} did not load into table {table}: {type(e).__name__}: {e}", stacklevel=3)
         return False
 
 
@@ -176,8 +176,7 @@ def load_spider(
     rows, dbs, missing = _read_layout(root, layout, cache or cache_root() / "sql" / "spider")
     suite = SpiderSuite([], [], dbs, {d: m for d, m in missing.items() if m})
     for db_id, tables in suite.missing_tables.items():
-        warnings.warn(f"Spider {db_id}: no data for table(s) {', '.join(tables)}; the questions that read them are left out",
-                      stacklevel=2)
+        warn_once(f"Spider {db_id}: no data for table(s) {', '.join(tables)}; the questions that read them are left out")
     conns = {d: ReadOnlyDB(p, timeout_s=check_timeout_s, max_rows=max_rows, max_bytes=max_bytes) for d, p in dbs.items() if Path(p).exists()}
     try:
         for i, (db_id, question, sql) in enumerate(rows):
@@ -192,8 +191,8 @@ def load_spider(
         for c in conns.values():
             c.close()
     if suite.dropped:
-        logger.warning("Spider: %d of %d tasks left out (%s)", len(suite.failed), len(rows),
-                       ", ".join(f"{k}: {n}" for k, n in sorted(suite.dropped.items())))
+        kinds = ", ".join(f"{k}: {n}" for k, n in sorted(suite.dropped.items()))
+        warn_once(f"Spider: {len(suite.failed)} of {len(rows)} tasks left out ({kinds})", logger=logger)
     return suite
 
 

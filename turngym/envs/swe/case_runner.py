@@ -9,16 +9,19 @@ The runner itself never imports the agent's code. For each case it forks a child
 case module (which imports the agent's code), calls the case function, and sends back every value
 the target functions returned, encoded as plain JSON. The parent waits with a deadline, kills the
 child's process group, and writes one line per case to its stdout, prefixed with the request's
-nonce; the child's stdout is redirected to stderr, so nothing the agent prints lands there.
-A case's time limit is CPU time (RLIMIT_CPU), so a loaded machine does not fail a correct fix;
-a wall-clock deadline of a few times that catches code that sleeps.
+nonce. The child's stdout and stderr go to ``/dev/null``: nothing the agent's code prints leaves
+the sandbox, and no descriptor of the result channel is open in it. The runner is non-dumpable,
+so the agent's code (same uid) cannot ptrace it or open its descriptors through ``/proc``; the
+backends start it with no process of the sandbox user between it and the host.
+Each case has a CPU-time limit (RLIMIT_CPU, so a loaded machine does not fail a correct fix) and
+a wall-clock deadline of twice that plus a second, which catches code that sleeps.
 
 Request (JSON on stdin): ``nonce``, ``root`` (the directory holding the code), ``module`` (the
 case module's source), ``cases`` (case function names, run in order), ``targets`` (names in the
-module whose calls are recorded), ``timeout`` (CPU seconds per case), ``max_bytes`` (per case).
-Line per case: ``{"case": i, "status": "ok" | "error" | "timeout", "result" | "error": ...}``;
-the runner stops at the first case that is not ok (a failed case fails the task); last line
-``{"done": true}``.
+module whose calls are recorded), ``limits`` (CPU seconds per case), ``max_bytes`` (per case).
+Line per case: ``{"case": i, "status": "ok" | "error" | "timeout", "cpu_s": ..., "result" |
+"error": ...}``; the runner stops at the first case that is not ok (a failed case fails the
+task); last line ``{"done": true}``.
 """
 
 import json
@@ -33,7 +36,7 @@ import types
 
 MAX_ITEMS = 200_000  # encoded values per case; past it the result is "truncated" (a fail)
 MAX_DEPTH = 200
-WALL_FACTOR, WALL_SLACK_S = 3.0, 2.0  # wall-clock deadline = 3 x the CPU limit + 2 s
+WALL_FACTOR, WALL_SLACK_S = 2.0, 1.0  # wall-clock deadline = 2 x the CPU limit + 1 s
 
 
 class Encoder:
@@ -43,7 +46,10 @@ class Encoder:
     frozenset, dict and exhausted iterators are tagged (``{"list": [...]}``, ``{"dict": [[k, v],
     ...]}``, ...). Any other object is ``{"ref": k}``, with its class name and attributes in
     ``objs[k]`` (numbered by first encounter, so shared and cyclic structures keep their shape).
-    Subclasses of builtins are ``{"other": type name}``: their ``__eq__`` is the agent's to define.
+    A builtin's subclass (``defaultdict``, a named tuple, an ``int`` subclass) is encoded as the
+    builtin value it holds, read with the builtin's own methods: the host compares data, so the
+    subclass's ``__eq__`` or ``__iter__`` decides nothing. Values with no ``__dict__`` that are
+    none of these are ``{"other": type name}`` (equal to nothing on the host).
     """
 
     def __init__(self):
@@ -57,9 +63,7 @@ class Encoder:
         if self.items > MAX_ITEMS or depth > MAX_DEPTH:
             return {"truncated": True}
         t = type(x)
-        if x is None or t is bool or t is str:
-            return x
-        if t is int:
+        if x is None or t is bool or t is str or t is int:
             return x
         if t is float:
             return {"float": repr(x)}
@@ -70,8 +74,9 @@ class Encoder:
             return {"dict": [[self.encode(k, depth + 1), self.encode(v, depth + 1)] for k, v in x.items()]}
         if t is bytes:
             return {"bytes": x.hex()}
-        if isinstance(x, (int, float, str, list, tuple, set, frozenset, dict, bytes)):
-            return {"other": t.__name__}
+        base = next((b for b in _PLAIN if isinstance(x, b)), None)
+        if base is not None:
+            return self.encode(_as_plain(x, base), depth)
         d = getattr(x, "__dict__", None)
         if type(d) is not dict:
             return {"other": t.__name__}
@@ -83,6 +88,24 @@ class Encoder:
             attrs = [[str(a), self.encode(v, depth + 1)] for a, v in list(d.items())]
             self.objs[k] = {"cls": t.__name__, "attrs": attrs}
         return {"ref": k}
+
+
+# A builtin's subclass is read through the builtin's own methods (its overrides are never called).
+_PLAIN = (int, float, str, bytes, dict, list, tuple, frozenset, set)
+
+
+def _as_plain(x, base):
+    if base is dict:
+        return dict(dict.items(x))
+    if base in (list, tuple, set, frozenset):
+        return base(base.__iter__(x))
+    if base is int:
+        return int.__int__(x)
+    if base is float:
+        return float.__float__(x)
+    if base is str:
+        return str.__str__(x)
+    return bytes.__bytes__(x)
 
 
 def recorder(fn, enc, calls):
@@ -120,11 +143,19 @@ def run_case(req, i):
     return {"calls": calls, "objs": enc.objs}
 
 
+def cpu_limit(req, i):
+    """Case ``i``'s CPU limit in whole seconds (RLIMIT_CPU counts whole seconds)."""
+    return max(1, math.ceil(float(req["limits"][i])))
+
+
 def child(req, i, w):
     os.setpgid(0, 0)
-    cpu = max(1, math.ceil(float(req["timeout"])))
+    cpu = cpu_limit(req, i)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the limit, SIGKILL a second later
-    os.dup2(2, 1)  # the agent's prints go to stderr, never to the result channel
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # the agent's prints leave no trace, and it holds no fd of the channel
+        os.dup2(null, fd)
+    os.close(null)
     try:
         data = json.dumps(run_case(req, i)).encode()
     except BaseException as e:  # noqa: BLE001 -- any failure of the agent's code is a failed case
@@ -138,7 +169,7 @@ def child(req, i, w):
 
 
 def wait_case(pid, r, deadline, max_bytes):
-    """Read the child's answer until EOF or the deadline; kill its group; (status, bytes).
+    """Read the child's answer until EOF or the deadline; kill its group; (status, bytes, CPU s).
     A child killed by its CPU limit timed out too."""
     buf = b""
     status = "ok"
@@ -161,11 +192,11 @@ def wait_case(pid, r, deadline, max_bytes):
         os.killpg(pid, signal.SIGKILL)
     except OSError:
         pass
-    _, code = os.waitpid(pid, 0)
+    _, code, usage = os.wait4(pid, 0)
     os.close(r)
     if os.WIFSIGNALED(code) and os.WTERMSIG(code) == signal.SIGXCPU:
         status = "timeout"
-    return status, buf
+    return status, buf, round(usage.ru_utime + usage.ru_stime, 4)
 
 
 def main():
@@ -190,19 +221,19 @@ def main():
             os.close(out)
             child(req, i, w)
         os.close(w)
-        wall = WALL_FACTOR * float(req["timeout"]) + WALL_SLACK_S
-        status, data = wait_case(pid, r, time.monotonic() + wall, int(req["max_bytes"]))
+        wall = WALL_FACTOR * cpu_limit(req, i) + WALL_SLACK_S
+        status, data, cpu_s = wait_case(pid, r, time.monotonic() + wall, int(req["max_bytes"]))
         try:
             payload = json.loads(data) if status == "ok" else None
         except ValueError:
             payload = None
         if status == "ok" and isinstance(payload, dict) and "calls" in payload:
-            emit({"case": i, "status": "ok", "result": payload})
+            emit({"case": i, "status": "ok", "cpu_s": cpu_s, "result": payload})
             continue
         err = payload.get("error") if isinstance(payload, dict) else None
         if status == "ok":
             status, err = "error", err or "the case exited without a result"
-        emit({"case": i, "status": status, "error": str(err or "the case timed out")[:400]})
+        emit({"case": i, "status": status, "cpu_s": cpu_s, "error": str(err or "the case timed out")[:400]})
         break
     emit({"done": True})
 

@@ -41,6 +41,14 @@ _MUTATIONS = {  # random single-token edits for the random-admissible baseline
     "word": ["and", "or", "not", "min", "max", "True", "False"],
 }
 _TOKEN = re.compile(r"//|<=|>=|==|!=|[-+*%<>]|\b\d+\b|\b(?:and|or|not|min|max|True|False)\b")
+MAX_VIEW_LINES = 400  # lines one view_file shows
+MAX_LINE_BYTES = 1000  # bytes of one line view_file shows
+MAX_EDIT_BYTES = 2**20  # edit_file reads the file into this process: larger files are edited with bash
+# view_file inside the sandbox: the line count and only the lines shown leave it, each cut short.
+_VIEW = ('f=$1; a=$2; b=$3; if [ -d "$f" ]; then echo dir; find "$f" -maxdepth 2 -not -path "*/__pycache__*" '
+         '| head -n 300; exit 0; fi; [ -f "$f" ] || { echo "no such file: $f" >&2; exit 2; }; '
+         'n=$(wc -l < "$f"); [ -n "$(tail -c 1 "$f")" ] && n=$((n+1)); echo "file $n"; '
+         '[ "$b" -ge "$a" ] && sed -n "${a},${b}p;${b}q" "$f" | cut -b "1-$4" | head -c "$5"; true')
 
 
 class SWEEnv(TextEnv):
@@ -176,7 +184,7 @@ class SWEEnv(TextEnv):
                 self.command_timeout_s)
 
         def view_file(path: str, start_line: int = 1, end_line: int = 0) -> str:
-            """Show a file with line numbers (or list a directory).
+            """Show a file with line numbers, at most 400 lines at a time (or list a directory).
 
             Args:
                 path: file path relative to the repository root
@@ -222,22 +230,34 @@ class SWEEnv(TextEnv):
 
     def _view(self, path: str, start_line: int, end_line: int) -> str:
         full = self._path(path)
-        box = self._box()
-        if box.exec(["test", "-d", full]).exit_code == 0:
-            res = box.exec(["find", full, "-maxdepth", "2", "-not", "-path", "*/__pycache__*"])
-            return res.observation()
-        text = box.read_file(full)
-        lines = text.splitlines()
-        first = max(1, start_line)
-        last = len(lines) if end_line <= 0 else min(end_line, len(lines))
-        if first > max(1, len(lines)):
-            return f"Error: {path} has {len(lines)} lines; start_line {start_line} is past the end."
-        body = "\n".join(f"{i:>5}  {lines[i - 1]}" for i in range(first, last + 1))
-        return f"{path} (lines {first}-{last} of {len(lines)})\n{body}"
+        first = max(1, int(start_line))
+        want = 0 if end_line <= 0 else int(end_line)
+        last = first + MAX_VIEW_LINES - 1 if want <= 0 else min(want, first + MAX_VIEW_LINES - 1)
+        res = self._box().exec(["sh", "-c", _VIEW, "sh", full, str(first), str(last), str(MAX_LINE_BYTES),
+                                str(MAX_VIEW_LINES * (MAX_LINE_BYTES + 1))], timeout=self.command_timeout_s,
+                               max_output=MAX_VIEW_LINES * (MAX_LINE_BYTES + 1) + 64)
+        head, _, body = res.stdout.partition("\n")
+        if res.exit_code != 0 or not head:
+            raise FileNotFoundError(res.stderr.strip() or res.observation())
+        if head == "dir":
+            return body
+        n = int(head.split()[1])
+        if first > max(1, n):
+            return f"Error: {path} has {n} lines; start_line {start_line} is past the end."
+        shown, end = min(last, n), (n if want <= 0 else min(want, n))
+        lines = body.split("\n")[: shown - first + 1]
+        text = "\n".join(f"{first + i:>5}  {ln}" for i, ln in enumerate(lines))
+        more = f"; lines {shown + 1}-{end} next, with start_line={shown + 1}" if shown < end else ""
+        return f"{path} (lines {first}-{shown} of {n}{more})\n{text}"
 
     def _edit(self, path: str, old: str, new: str) -> str:
         full = self._path(path)
-        text = self._box().read_file(full)
+        try:
+            text = self._box().read_file(full, max_bytes=MAX_EDIT_BYTES)
+        except SandboxError as e:
+            if "larger than" not in str(e):
+                raise
+            raise ValueError(f"{path} is larger than {MAX_EDIT_BYTES:,} bytes; edit it with bash") from None
         if old == new:
             return "Error: old_str and new_str are identical; nothing to change."
         updated, why = apply_edit(text, old, new)
@@ -267,6 +287,8 @@ class SWEEnv(TextEnv):
         box, task = self._box(), self._task
         try:
             files = grading.collect_sources(box, task.source_files)
+        except grading.SubmitRefused as e:  # the episode goes on: the agent can put it right
+            raise ValueError(f"not submitted: {e}") from None
         except (SandboxError, OSError, tarfile.TarError) as e:
             files, why = None, f"grading failed: cannot read your files ({e})"
         self._submitted = True
@@ -334,18 +356,15 @@ def _random_edits(path: str, text: str, rng, n: int) -> list[ToolCall]:
 
 
 def _load_suite(suite: str, split: str, n_tasks: int | None, data_dir: str | None) -> dict[str, Any]:
-    """Task id -> a zero-argument builder (tasks are built on first use)."""
+    """Task id -> the task, or a zero-argument builder (synthetic tasks are built on first use)."""
     import functools
 
     if suite == "synthetic":
         from turngym.envs.swe.synthetic import synthetic_task, synthetic_task_ids
 
         return {t: functools.partial(synthetic_task, t) for t in synthetic_task_ids(split, n_tasks)}
-    if suite == "quixbugs":
-        from turngym.envs.swe.quixbugs import quixbugs_root, quixbugs_task, quixbugs_task_ids
+    if suite == "quixbugs":  # built now: a program that cannot be built leaves the list with a warning
+        from turngym.envs.swe.quixbugs import quixbugs_root, quixbugs_tasks
 
-        root = quixbugs_root(data_dir)
-        ids = quixbugs_task_ids(root, split)
-        ids = ids if n_tasks is None else ids[:n_tasks]
-        return {t: functools.partial(quixbugs_task, root, t) for t in ids}
+        return dict(quixbugs_tasks(quixbugs_root(data_dir), split, n_tasks))
     raise ValueError(f"unknown SWE suite {suite!r}; choose synthetic or quixbugs")

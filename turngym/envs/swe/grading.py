@@ -11,7 +11,9 @@ to pass, the agent's code has to return the right values.
 
 from __future__ import annotations
 
+import builtins
 import json
+import math
 import secrets
 import subprocess
 import sys
@@ -25,34 +27,81 @@ from turngym.tools.sandbox import Sandbox, SandboxError
 
 RUNNER_SOURCE = Path(case_runner.__file__).read_text()
 MAX_REPORT_BYTES = 16 * 2**20
+MAX_SOURCE_BYTES = 2**20  # a source file past this is refused at submit (the tasks' are a few KB)
+CASE_MIN_CPU_S = 1.0  # the floor of a case's CPU limit
+CASE_CPU_FACTOR = 10.0  # a case may take this many times the reference solution's CPU time
+GRADE_STARTUP_S = 5.0  # starting the runner, on top of the cases' own limits
 _PY = ["python3", "-I", "-S", "-B"]  # no site / user site / .pth / PYTHON* variables / bytecode writes
+# What the runner itself says about a case (any other error text is the agent's code talking).
+_RUNNER_ERRORS = ("the case exited without a result", "the returned values are too large", "the case timed out")
+_BUILTIN_ERRORS = frozenset(n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException))
 
 
-def collect_sources(box: Sandbox, allowed: list[str]) -> dict[str, str]:
+class SubmitRefused(ValueError):
+    """The agent's files cannot be graded as they are (a link, a file too large); says why."""
+
+
+_LIST_SOURCES = ('for f in "$@"; do if [ -L "$f" ]; then echo "link 0 $f"; elif [ -f "$f" ]; then '
+                 'echo "file $(stat -c %s -- "$f") $f"; elif [ -e "$f" ]; then echo "other 0 $f"; fi; done')
+
+
+def collect_sources(box: Sandbox, allowed: list[str], max_bytes: int = MAX_SOURCE_BYTES) -> dict[str, str]:
     """Kill what the agent left running, then read the allow-listed files out of its sandbox.
 
     Only regular files at exactly the allowed paths come back; anything else the agent made
-    (plugins, ``.pth`` files, caches, links elsewhere) is never copied.
+    (plugins, ``.pth`` files, caches) is never copied. Missing files are left out.
+
+    Raises:
+        SubmitRefused: An allowed path is a link or not a regular file, or larger than ``max_bytes``.
     """
     box.kill_all()
-    files = box.read_files(list(allowed))
+    listing = box.exec(["sh", "-c", _LIST_SOURCES, "sh", *allowed], timeout=60, max_output=1 << 16)
+    for line in listing.stdout.splitlines():
+        kind, size, path = line.split(" ", 2)
+        if kind == "link":
+            raise SubmitRefused(f"{path} is a symbolic link; only regular files are graded. Replace it with the file itself.")
+        if kind != "file":
+            raise SubmitRefused(f"{path} is not a regular file")
+        if int(size) > max_bytes:
+            raise SubmitRefused(f"{path} is {int(size):,} bytes; a source file may be at most {max_bytes:,} bytes")
+    files = box.read_files(list(allowed), max_bytes=max_bytes)
     return {p: text for p, text in files.items() if p in set(allowed)}
+
+
+def case_limits(suite: CaseSuite, cap_s: float) -> list[float]:
+    """Each case's CPU limit in seconds: ``CASE_CPU_FACTOR`` x the reference solution's CPU time,
+    at least ``CASE_MIN_CPU_S`` and at most ``cap_s`` (``cap_s`` where the reference's time is unknown)."""
+    if len(suite.cpu_s) != len(suite.cases):
+        return [float(cap_s)] * len(suite.cases)
+    return [min(float(cap_s), max(CASE_MIN_CPU_S, CASE_CPU_FACTOR * t)) for t in suite.cpu_s]
+
+
+def run_deadline(limits: list[float]) -> float:
+    """The whole run's deadline: a few seconds above the sum of the cases' wall-clock limits."""
+    wall = sum(case_runner.WALL_FACTOR * max(1, math.ceil(t)) + case_runner.WALL_SLACK_S for t in limits)
+    return GRADE_STARTUP_S + wall
 
 
 def grade_in_fresh_sandbox(box: Sandbox, suite: CaseSuite, files: dict[str, str], case_timeout_s: float,
                            timeout_s: float) -> tuple[bool, str]:
     """Run ``suite`` on ``files`` in ``box`` (a sandbox no agent process ever ran in) and judge it.
 
+    Args:
+        case_timeout_s: The most CPU seconds any one case may take (see ``case_limits``).
+        timeout_s: The most the whole run may take; the run's own deadline (``run_deadline``) is
+            often shorter, and the runner is killed at whichever comes first.
+
     Returns:
         ``(every case returned the expected values, a one-line summary)``.
     """
     box.put_files({**files, **suite.support})
     nonce = secrets.token_hex(16)
+    limits = case_limits(suite, case_timeout_s)
     request = {"root": box.workdir, "module": suite.module, "cases": list(suite.cases), "targets": list(suite.targets),
-               "timeout": case_timeout_s, "max_bytes": MAX_REPORT_BYTES // max(1, len(suite.cases)), "nonce": nonce}
-    res = box.exec([*_PY, "-c", RUNNER_SOURCE], timeout=timeout_s, stdin=json.dumps(request).encode(),
-                   max_output=MAX_REPORT_BYTES)
-    if res.stdout_bytes > len(res.stdout.encode()):  # stderr (the agent's prints) may be cut; results may not
+               "limits": limits, "max_bytes": MAX_REPORT_BYTES // max(1, len(suite.cases)), "nonce": nonce}
+    res = box.exec_direct([*_PY, "-c", RUNNER_SOURCE], timeout=min(float(timeout_s), run_deadline(limits)),
+                          stdin=json.dumps(request).encode(), max_output=MAX_REPORT_BYTES)
+    if res.stdout_bytes > len(res.stdout.encode()):
         return False, "the test run produced more output than the grader accepts"
     return judge(suite, parse_report(res.stdout, nonce, len(suite.cases)), res.timed_out)
 
@@ -103,13 +152,26 @@ def judge(suite: CaseSuite, report: list[dict | None], timed_out: bool = False) 
 def _case_failure(msg: dict | None, want: dict) -> str:
     if msg is None:
         return "no result"
+    if msg.get("status") == "timeout":
+        return "timeout"
     if msg.get("status") != "ok":
-        return f"{msg.get('status')}: {str(msg.get('error', ''))[:200]}"
+        return f"error: {_error_name(msg.get('error'))}"
     try:
         got = decode(msg.get("result"))
     except (ValueError, TypeError, KeyError, RecursionError):
         return "the result could not be read"
     return "" if got == decode(want) else "returned a different value"
+
+
+def _error_name(error: object) -> str:
+    """What the agent may read about a failed case: the runner's own message, or the exception's
+    type when it is a builtin one. An exception's text (or a type the agent named) can carry the
+    hidden inputs out, so none of it reaches the observation."""
+    text = str(error or "")
+    if text in _RUNNER_ERRORS:
+        return text
+    name = text.split(":", 1)[0].strip()
+    return name if name in _BUILTIN_ERRORS else "an exception"
 
 
 @dataclass(frozen=True)
@@ -164,12 +226,9 @@ def _value(x):
     raise ValueError(f"unknown tag {tag!r}")
 
 
-def reference_results(suite: CaseSuite, files: dict[str, str], case_timeout_s: float = 60.0) -> tuple[dict, ...]:
-    """Run ``suite`` on the reference solution (``files``) in a host subprocess: the expected values.
-
-    Raises:
-        RuntimeError: A case of the reference solution failed or timed out.
-    """
+def run_on_host(suite: CaseSuite, files: dict[str, str], limits: list[float]) -> tuple[list[dict | None], str]:
+    """Run ``suite`` on trusted ``files`` (a reference solution, a task's own buggy code) in a host
+    subprocess: the runner's report (one message or ``None`` per case) and its stderr."""
     nonce = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="turngym-reference-") as d:
         for path, text in {**files, **suite.support}.items():
@@ -177,19 +236,48 @@ def reference_results(suite: CaseSuite, files: dict[str, str], case_timeout_s: f
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
         request = {"root": d, "module": suite.module, "cases": list(suite.cases), "targets": list(suite.targets),
-                   "timeout": case_timeout_s, "max_bytes": MAX_REPORT_BYTES, "nonce": nonce}
+                   "limits": list(limits), "max_bytes": MAX_REPORT_BYTES, "nonce": nonce}
         proc = subprocess.run([sys.executable, *_PY[1:], "-c", RUNNER_SOURCE], input=json.dumps(request).encode(),
-                              capture_output=True, cwd=d, timeout=case_timeout_s * len(suite.cases) + 60)
+                              capture_output=True, cwd=d, timeout=run_deadline(list(limits)) + 60)
     report = parse_report(proc.stdout.decode("utf-8", "replace"), nonce, len(suite.cases))
+    return report, proc.stderr.decode("utf-8", "replace")
+
+
+def reference_results(suite: CaseSuite, files: dict[str, str], case_timeout_s: float = 60.0) -> tuple[tuple[dict, ...], tuple[float, ...]]:
+    """Run ``suite`` on the reference solution (``files``) in a host subprocess.
+
+    Returns:
+        The expected values (one record per case) and the CPU seconds each case took.
+
+    Raises:
+        RuntimeError: A case of the reference solution failed or timed out.
+        ValueError: The reference returns a value no answer can equal (see ``check_gradable``).
+    """
+    report, stderr = run_on_host(suite, files, [case_timeout_s] * len(suite.cases))
     bad = [i for i, m in enumerate(report) if m is None or m.get("status") != "ok"]
     if bad:
         msg = report[bad[0]] or {}
-        raise RuntimeError(f"the reference solution fails case {suite.cases[bad[0]]}: {msg.get('error')} "
-                           f"{proc.stderr.decode('utf-8', 'replace')[-300:]}")
+        raise RuntimeError(f"the reference solution fails case {suite.cases[bad[0]]}: {msg.get('error')} {stderr[-300:]}")
     results = tuple(m["result"] for m in report)
     for case, r in zip(suite.cases, results):
         check_gradable(r, case)
-    return results
+    return results, tuple(float(m.get("cpu_s", 0.0)) for m in report)
+
+
+def hidden_cases_catch_the_bug(suite: CaseSuite, buggy_files: dict[str, str], cap_s: float = 10.0) -> tuple[bool, str]:
+    """Whether the task's own buggy code fails a case the agent was not shown (``suite.shown``
+    aside): the rule that makes special-casing the shown examples worthless.
+
+    Returns:
+        ``(caught, why)``: ``why`` names the first unshown case that fails, or says none does.
+    """
+    unshown = [c for c in suite.cases if c not in set(suite.shown)]
+    if not unshown:
+        return False, "every hidden case is shown to the agent"
+    sub = suite.only(unshown)
+    report, _ = run_on_host(sub, buggy_files, case_limits(sub, cap_s))
+    passed, summary = judge(sub, report)
+    return not passed, summary
 
 
 def check_gradable(record: dict, case: str = "") -> None:

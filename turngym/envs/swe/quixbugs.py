@@ -9,21 +9,35 @@ Grading runs the hidden tests as cases (``hidden_cases``): the JSON inputs, or e
 with its assertions and the values only they use taken out, so the sandbox sees inputs only. The
 expected values are what the corrected program returns on the same cases (computed on the host
 when the task is built). A case passes when every call returns a value ``==`` to the reference's,
-which is at least as strict as the original assertions. The data comes from
-``turngym data download quixbugs``, ``$TURNGYM_DATA/quixbugs`` or an explicit ``data_dir``.
+which is at least as strict as the original assertions (a ``defaultdict`` or a named tuple
+compares as the plain value it holds). The data comes from ``turngym data download quixbugs``,
+``$TURNGYM_DATA/quixbugs`` or an explicit ``data_dir``.
+
+``quixbugs_tasks`` builds a split at once: a program whose tests this conversion does not know,
+or whose reference cannot be graded, is left out with one warning naming it, instead of failing
+later as an episode. Built tasks are kept for the process, and the reference's results on disk
+(keyed by the files' content), so a second env or a second run starts at once.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
+import subprocess
 import zlib
 from pathlib import Path
 
+from turngym.data import cache_root, warn_once
 from turngym.envs.swe.task import CaseSuite, SWETask, make_edits
 
 VISIBLE_JSON_CASES = 2
 SPLITS = ("train", "test", "all")
+_BUILT: dict[tuple[str, str], SWETask] = {}  # (root, task id) -> task, for this process
+# What building a program can fail with: a test shape this conversion does not know, a reference
+# that fails or returns what no answer can equal, a file that does not parse or read.
+BUILD_ERRORS = (NotImplementedError, RuntimeError, ValueError, SyntaxError, KeyError, OSError,
+                subprocess.TimeoutExpired)
 
 
 def quixbugs_root(data_dir: str | Path | None = None) -> Path:
@@ -57,12 +71,38 @@ def quixbugs_task_ids(root: Path, split: str) -> list[str]:
     return [f"quixbugs-{n}" for n in names]
 
 
+def quixbugs_tasks(root: Path, split: str, n_tasks: int | None = None) -> dict[str, SWETask]:
+    """The tasks of a split (the first ``n_tasks`` programs), built now; a program that cannot be
+    built is left out, with one warning naming it and why.
+
+    Raises:
+        ValueError: Unknown split.
+    """
+    ids = quixbugs_task_ids(root, split)
+    out = {}
+    for tid in ids if n_tasks is None else ids[:n_tasks]:
+        try:
+            out[tid] = quixbugs_task(root, tid)
+        except BUILD_ERRORS as e:
+            warn_once(f"QuixBugs: {tid} is left out: it cannot be made into a task ({type(e).__name__}: {str(e)[:300]})")
+    return out
+
+
 def quixbugs_task(root: Path, task_id: str) -> SWETask:
-    """Build the task for ``quixbugs-<program>``.
+    """Build the task for ``quixbugs-<program>`` (kept for the process once built).
 
     Raises:
         KeyError: No such program in ``root``.
+        NotImplementedError, RuntimeError, ValueError: The program cannot be made into a task
+            (see ``BUILD_ERRORS``).
     """
+    key = (str(Path(root).resolve()), task_id)
+    if key not in _BUILT:
+        _BUILT[key] = _build_task(Path(root), task_id)
+    return _BUILT[key]
+
+
+def _build_task(root: Path, task_id: str) -> SWETask:
     name = task_id.removeprefix("quixbugs-")
     if name not in quixbugs_programs(root):
         raise KeyError(f"{task_id!r}: no QuixBugs program {name!r} in {root}")
@@ -99,56 +139,143 @@ def quixbugs_task(root: Path, task_id: str) -> SWETask:
         gold_edits=make_edits(f"python_programs/{name}.py", buggy, fixed),
         test_support=support, visible_tests=[test_path],
         task_type="quixbugs", metadata={"program": name, "cases": _count_cases(json_path)},
-        hidden_cases=quixbugs_cases(root, name, test_src, fixed, {p: files[p] for p in ("node.py",) if p in files}),
+        hidden_cases=quixbugs_cases(root, name, test_src, fixed, {p: files[p] for p in ("node.py",) if p in files},
+                                    visible=files[test_path] if f"json_testcases/{name}.json" not in files else
+                                    files[f"json_testcases/{name}.json"]),
     )
 
 
-def quixbugs_cases(root: Path, name: str, test_src: str, fixed: str, support: dict[str, str]) -> CaseSuite:
+def quixbugs_cases(root: Path, name: str, test_src: str, fixed: str, support: dict[str, str],
+                   visible: str = "") -> CaseSuite:
     """The hidden tests of ``name`` as cases, with the corrected program's results as expected values.
+
+    Args:
+        visible: What the agent sees of the tests (the visible JSON rows, or the visible test
+            file): the cases it shows are marked ``shown``.
 
     Raises:
         NotImplementedError: The test file has a shape this conversion does not know.
         RuntimeError: The corrected program fails a case.
+        ValueError: The corrected program returns a value the grader cannot compare.
     """
-    from turngym.envs.swe.grading import reference_results
-
     json_path = root / "json_testcases" / f"{name}.json"
     if "load_json_testcases" in test_src:
-        module, cases = _json_cases(name, test_src, json_path)
+        module, cases, inputs = _json_cases(name, test_src, json_path)
+        shown_inputs = [json.loads(ln)[0] for ln in visible.splitlines() if ln.strip() and json.loads(ln) is not None]
+        shown = tuple(c for c, x in zip(cases, inputs) if x in shown_inputs)
     else:
         module, cases = _code_cases(name, test_src)
+        shown = tuple(c for c in cases if f"def {c}(" in visible)
     suite = CaseSuite(module, tuple(cases), (name,), support=support)
-    expected = reference_results(suite, {f"python_programs/{name}.py": fixed})
-    return CaseSuite(module, tuple(cases), (name,), expected, support)
+    expected, cpu_s = _reference(suite, {f"python_programs/{name}.py": fixed})
+    return CaseSuite(module, tuple(cases), (name,), expected, support, shown, cpu_s)
 
 
-def _json_cases(name: str, test_src: str, json_path: Path) -> tuple[str, list[str]]:
+def _reference(suite: CaseSuite, files: dict[str, str]) -> tuple[tuple[dict, ...], tuple[float, ...]]:
+    """``reference_results``, kept on disk by the content of everything that decides them."""
+    from turngym.envs.swe.grading import RUNNER_SOURCE, reference_results
+
+    h = hashlib.sha256()
+    for part in (RUNNER_SOURCE, suite.module, json.dumps([suite.cases, suite.targets]), json.dumps(suite.support, sort_keys=True),
+                 json.dumps(files, sort_keys=True)):
+        h.update(part.encode() + b"\0")
+    path = cache_root() / "swe" / "quixbugs" / f"{h.hexdigest()[:32]}.json"
+    try:
+        cached = json.loads(path.read_text())
+        return tuple(cached["expected"]), tuple(cached["cpu_s"])
+    except (OSError, ValueError, KeyError):
+        pass
+    expected, cpu_s = reference_results(suite, files)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{id(suite)}")
+        tmp.write_text(json.dumps({"expected": expected, "cpu_s": cpu_s}))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs the next build its time
+    return expected, cpu_s
+
+
+def _json_cases(name: str, test_src: str, json_path: Path) -> tuple[str, list[str], list]:
     """One case per JSON row, calling ``name(*input)``; the rows the test skips are left out."""
     if f"{name}(*input_data)" not in test_src:
         raise NotImplementedError(f"{name}: the test does not call {name}(*input_data)")
-    skipped = _skipped_inputs(test_src)
+    skips = _skip_conditions(test_src)
     rows = [json.loads(ln) for ln in json_path.read_text().splitlines() if ln.strip()]
-    inputs = [row[0] for row in rows if row is not None and row[0] not in skipped]
+    inputs = [row[0] for row in rows if row is not None and not any(_holds(c, row[0], row[1]) for c in skips)]
     lines = ["import json", f"from python_programs.{name} import {name}", "",
              f"_INPUTS = json.loads({json.dumps(inputs)!r})", ""]
     cases = []
     for i in range(len(inputs)):
         cases.append(f"case_{i}")
         lines += ["", f"def case_{i}():", f"    {name}(*_INPUTS[{i}])", ""]
-    return "\n".join(lines), cases
+    return "\n".join(lines), cases, inputs
 
 
-def _skipped_inputs(test_src: str) -> list:
-    """Inputs the test skips with ``if input_data == <literal>: pytest.skip(...)``."""
+def _skip_conditions(test_src: str) -> list[ast.expr]:
+    """The conditions of ``if <condition>: pytest.skip(...)`` in the test."""
     out = []
     for node in ast.walk(ast.parse(test_src)):
-        if isinstance(node, ast.If) and "pytest.skip" in ast.unparse(node.body[0]):
-            t = node.test
-            if not (isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == "input_data"
-                    and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq)):
-                raise NotImplementedError(f"a skip condition this conversion does not know: {ast.unparse(t)}")
-            out.append(ast.literal_eval(t.comparators[0]))
+        if isinstance(node, ast.If) and node.body and "pytest.skip" in ast.unparse(node.body[0]):
+            _holds(node.test, None, None, check_only=True)  # a shape this evaluator does not know fails now
+            out.append(node.test)
     return out
+
+
+_FLAGS = {"pytest.run_slow": False, "pytest.use_correct": False}  # as a plain `pytest` run sets them
+_CMP = {ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b, ast.Lt: lambda a, b: a < b,
+        ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
+        ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+
+
+def _holds(node: ast.expr, input_data, expected, check_only: bool = False):
+    """Evaluate a skip condition on one row, without ``eval``: literals, ``input_data`` and
+    ``expected``, ``pytest.run_slow`` / ``use_correct`` (False), ``not``/``and``/``or``,
+    comparisons, indexing and ``len``. With ``check_only``, only check the shape.
+
+    Raises:
+        NotImplementedError: Anything else.
+    """
+    def ev(n):
+        if isinstance(n, ast.Constant):
+            return n.value
+        if isinstance(n, ast.Name) and n.id in ("input_data", "expected"):
+            return None if check_only else (input_data if n.id == "input_data" else expected)
+        if isinstance(n, ast.Attribute) and ast.unparse(n) in _FLAGS:
+            return _FLAGS[ast.unparse(n)]
+        if isinstance(n, (ast.List, ast.Tuple)):
+            return [ev(e) for e in n.elts]
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, (ast.Not, ast.USub)):
+            v = ev(n.operand)
+            return None if check_only else (not v if isinstance(n.op, ast.Not) else -v)
+        if isinstance(n, ast.BoolOp):
+            vals = [ev(v) for v in n.values] if check_only else None
+            if check_only:
+                return vals
+            if isinstance(n.op, ast.And):
+                return all(ev(v) for v in n.values)
+            return any(ev(v) for v in n.values)
+        if isinstance(n, ast.Compare) and all(type(o) in _CMP for o in n.ops):
+            left, rights = ev(n.left), [ev(c) for c in n.comparators]
+            if check_only:
+                return None
+            for op, right in zip(n.ops, rights):
+                if not _CMP[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(n, ast.Subscript) and not isinstance(n.slice, ast.Slice):
+            v, k = ev(n.value), ev(n.slice)
+            return None if check_only else v[k]
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "len" and len(n.args) == 1 and not n.keywords:
+            v = ev(n.args[0])
+            return None if check_only else len(v)
+        raise NotImplementedError(f"a skip condition this conversion does not know: {ast.unparse(node)}")
+
+    try:
+        return ev(node)
+    except (TypeError, IndexError, KeyError):  # the condition does not apply to this row's shape
+        return False
 
 
 def _code_cases(name: str, test_src: str) -> tuple[str, list[str]]:

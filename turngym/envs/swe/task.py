@@ -29,6 +29,11 @@ class CaseSuite:
         expected: Per case, the encoded calls of the reference solution (``case_runner``'s
             ``{"calls": [...], "objs": [...]}``). Never leaves the host.
         support: Files the module needs besides the agent's (path -> original text).
+        shown: The cases whose inputs the agent can see (the statement's example, the visible
+            tests). The buggy code must fail some other case: special-casing what the agent was
+            shown must not earn the reward (``hidden_cases_catch_the_bug`` checks it).
+        cpu_s: Per case, the CPU seconds the reference solution took (empty: unknown); the
+            grader's per-case limits are derived from it.
     """
 
     module: str
@@ -36,6 +41,15 @@ class CaseSuite:
     targets: tuple[str, ...]
     expected: tuple[dict, ...] = ()
     support: dict[str, str] = field(default_factory=dict)
+    shown: tuple[str, ...] = ()
+    cpu_s: tuple[float, ...] = ()
+
+    def only(self, names: list[str] | tuple[str, ...]) -> CaseSuite:
+        """The same suite restricted to the cases ``names`` (in this suite's order)."""
+        keep = [i for i, c in enumerate(self.cases) if c in set(names)]
+        pick = (lambda xs: tuple(xs[i] for i in keep) if xs else ())
+        return CaseSuite(self.module, pick(self.cases), self.targets, pick(self.expected), dict(self.support),
+                         tuple(c for c in self.shown if c in set(names)), pick(self.cpu_s))
 
 
 def encoded_calls(values: list) -> dict:

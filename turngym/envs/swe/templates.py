@@ -155,7 +155,8 @@ TEMPLATES: tuple[Template, ...] = (
     Template(is_leap, (
         Bug(WRONG_OPERATOR, "year % 100 != 0", "year % 100 == 0", (2024,)),
         Bug(WRONG_OPERATOR, ") or year", ") and year", (2000,)),
-    ), lambda r: [(r.choice([1900, 2000, 2023, 2024, 2100, 2400, 1996, 1999]),)]),
+    ), lambda r: [(r.choice([r.randint(1583, 2999), 4 * r.randint(396, 749), 100 * r.randint(16, 29),
+                             400 * r.randint(4, 7)]),)]),  # any year, leap years, centuries, 400-multiples
     Template(dot, (
         Bug(WRONG_OPERATOR, "x * y", "x + y", ([1, 2], [3, 4])),
     ), _pair),

@@ -1,8 +1,11 @@
 """Run one shell command with a deadline and capped output (standard library only).
 
 The local backend calls ``run_capped`` in-process. The bubblewrap backend ships this file's
-source into the sandbox and runs ``serve()`` there as PID 1 of the sandbox's PID namespace,
-so the same code enforces timeouts and output caps on both sides of the wall.
+source into the sandbox and runs ``serve()`` there as PID 1 of the sandbox's PID namespace; the
+Docker backend runs ``serve()`` in each container, as the sandbox user. Either way the deadline,
+the process-group kill and the output cap apply inside the sandbox, so the host never reads more
+than the capped bytes, and the server is non-dumpable: a command running as the same uid cannot
+ptrace it or open its descriptors (the answer channel) through ``/proc``.
 
 Wire format (``serve``): the host writes one JSON line per request, followed by ``stdin_len``
 raw bytes; the server answers one JSON line followed by ``stdout_len`` then ``stderr_len`` bytes.
@@ -159,7 +162,7 @@ def _read_exact(f, n):
 def _handle(req, data):
     if req.get("op") == "killall":
         try:
-            os.kill(-1, signal.SIGKILL)  # as PID 1: everything in the sandbox but the server
+            os.kill(-1, signal.SIGKILL)  # everything the server may signal (the sandbox) but itself
         except ProcessLookupError:
             pass
         time.sleep(0.05)
@@ -174,7 +177,7 @@ def _handle(req, data):
 
 
 def serve(limits):
-    """Answer requests on stdin/stdout until EOF (runs inside the sandbox as PID 1)."""
+    """Answer requests on stdin/stdout until EOF (runs inside the sandbox: bwrap's PID 1, Docker's supervisor)."""
     import resource
     import ctypes
 

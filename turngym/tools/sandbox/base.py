@@ -5,6 +5,10 @@ size limit, no network, memory / process / time limits, and a non-root user. Bac
 implement ``_run`` (one command with a deadline and capped output), ``_kill_all`` and
 ``_close``; files, snapshots and the context-manager behaviour are built on top of ``_run``
 here, so every backend behaves the same at the edges.
+
+Output is capped inside the sandbox, before the host reads it: a command's stdout and stderr
+each come back as at most ``max_output`` bytes (head and tail), however much it writes, and
+``bytes_received`` counts what the host did read. File reads take a byte limit of their own.
 """
 
 from __future__ import annotations
@@ -137,6 +141,8 @@ class Sandbox(ABC):
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
         self._closed = False
+        #: Bytes of command output this process has read from the sandbox so far.
+        self.bytes_received = 0
 
     # ----- what a backend implements --------------------------------------------------------
     @abstractmethod
@@ -149,6 +155,11 @@ class Sandbox(ABC):
 
     @abstractmethod
     def _close(self) -> None: ...
+
+    def _run_direct(self, argv: list[str], timeout: float, stdin: bytes | None, max_output: int, cwd: str) -> RawResult:
+        """``_run`` with no process of the sandbox user between ``argv`` and the host. A backend
+        whose ``_run`` already has none (its supervisor is out of the user's reach) keeps this."""
+        return self._run(argv, timeout, stdin, max_output, cwd)
 
     # ----- the interface --------------------------------------------------------------------
     @property
@@ -185,6 +196,28 @@ class Sandbox(ABC):
         """
         return self._checked_run(cmd, timeout, stdin, cwd, max_output).decode()
 
+    def exec_direct(self, argv: list[str], timeout: float, *, stdin: bytes | None = None,
+                    max_output: int | None = None) -> ExecResult:
+        """Run a trusted supervisor (the grader's case runner) in the workdir with nothing the
+        sandbox user can signal, ptrace or write to between it and the host.
+
+        ``exec`` may wrap a command in helpers that run as the sandbox user (Docker's timeout
+        wrapper); a program whose children run untrusted code must not have such helpers above
+        it, or the children could write into its output channel through ``/proc``. The program
+        enforces its own limits and output bounds; at ``timeout`` every process of the sandbox
+        user is killed.
+
+        Raises:
+            SandboxError: The sandbox is closed or its engine failed.
+        """
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        if float(timeout) <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        raw = self._run_direct([str(a) for a in argv], float(timeout), stdin,
+                               int(max_output or self.config.max_output_bytes), self.workdir)
+        return raw.decode()
+
     def write_file(self, path: str, content: str | bytes) -> None:
         """Create or overwrite ``path`` (relative paths are under the workdir), making parent dirs.
 
@@ -198,34 +231,40 @@ class Sandbox(ABC):
         if res.exit_code != 0:
             raise SandboxError(f"cannot write {p}: {res.stderr.decode('utf-8', 'replace').strip()}")
 
-    def read_file(self, path: str, *, binary: bool = False) -> str | bytes:
+    def read_file(self, path: str, *, binary: bool = False, max_bytes: int = MAX_FILE_BYTES) -> str | bytes:
         """The content of ``path`` (relative paths are under the workdir).
+
+        Args:
+            max_bytes: Refuse a larger file (only ``max_bytes + 1`` bytes ever leave the sandbox).
 
         Raises:
             FileNotFoundError: No such file (or it cannot be read as the sandbox user).
-            SandboxError: The file is larger than 64 MiB.
+            SandboxError: The file is larger than ``max_bytes`` (default 64 MiB).
         """
         p = self.resolve(path)
-        res = self._checked_run(["cat", "--", p], 60.0, None, None, MAX_FILE_BYTES + 1)
+        res = self._checked_run(["head", "-c", str(max_bytes + 1), "--", p], 60.0, None, None, max_bytes + 1)
         if res.exit_code != 0:
             raise FileNotFoundError(f"{p}: {res.stderr.decode('utf-8', 'replace').strip()}")
-        if res.stdout_total > MAX_FILE_BYTES:
-            raise SandboxError(f"{p} is larger than {MAX_FILE_BYTES} bytes")
+        if len(res.stdout) > max_bytes:
+            raise SandboxError(f"{p} is larger than {max_bytes} bytes")
         return res.stdout if binary else res.stdout.decode("utf-8", "replace")
 
-    def read_files(self, paths: list[str]) -> dict[str, str]:
-        """Several text files in one exec (relative paths are under the workdir); missing ones are left out."""
+    def read_files(self, paths: list[str], max_bytes: int = MAX_FILE_BYTES) -> dict[str, str]:
+        """Several text files in one exec (relative paths are under the workdir). Missing files,
+        symbolic links and files larger than ``max_bytes`` are left out (inside the sandbox)."""
         import io
         import tarfile
 
         if not paths:
             return {}
-        script = 'for f in "$@"; do [ -f "$f" ] && printf "%s\\n" "$f"; done | tar -cf - -T -'
-        res = self._checked_run(["sh", "-c", script, "sh", *paths], 60.0, None, None, MAX_FILE_BYTES)
+        script = ('n=$1; shift; for f in "$@"; do [ -f "$f" ] && [ ! -L "$f" ] && '
+                  '[ "$(stat -c %s -- "$f")" -le "$n" ] && printf "%s\\n" "$f"; done | tar -cf - -T -')
+        cap = min(MAX_FILE_BYTES, len(paths) * (max_bytes + 1024) + 10240)
+        res = self._checked_run(["sh", "-c", script, "sh", str(max_bytes), *paths], 60.0, None, None, cap)
         out = {}
         with tarfile.open(fileobj=io.BytesIO(res.stdout), mode="r") as tar:
             for m in tar.getmembers():
-                f = tar.extractfile(m)
+                f = tar.extractfile(m) if m.isreg() else None
                 if f is not None:
                     out[m.name] = f.read().decode("utf-8", "replace")
         return out

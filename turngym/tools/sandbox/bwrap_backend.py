@@ -3,7 +3,8 @@
 One long-lived ``bwrap`` process per sandbox, with every namespace unshared (no network but
 loopback, own PIDs, own mounts, own user namespace and no nested ones), the Debian rootfs
 mounted read-only, size-limited tmpfs for the workdir, ``/tmp`` and ``/dev/shm`` (its own, not
-the host's), and uid 1000 inside. Where a cgroup can be made (``cgroup.py``: root, or a delegated
+the host's), a read-only ``/dev`` (its device nodes work; no file can be made there), and uid
+1000 inside. Where a cgroup can be made (``cgroup.py``: root, or a delegated
 subtree) the whole sandbox lives in one, which caps its total memory (tmpfs files included) and
 process count; without one, only the per-process rlimits below apply. Its PID 1 is a small
 Python server (``_runner.serve``) that runs each command with rlimits (address space,
@@ -127,6 +128,7 @@ class BwrapBackend(Sandbox):
             "--new-session", "--as-pid-1", "--cap-drop", "ALL",
             "--ro-bind", str(self.rootfs), "/", "--proc", "/proc", "--dev", "/dev",
             "--perms", "1777", "--size", str(c.shm_size_mb * 2**20), "--tmpfs", "/dev/shm",
+            "--remount-ro", "/dev",  # bwrap's /dev is a tmpfs with no size limit: files go in /dev/shm
             "--perms", "0755", "--size", str(c.workdir_size_mb * 2**20), "--tmpfs", c.workdir,
             "--perms", "1777", "--size", str(c.tmp_size_mb * 2**20), "--tmpfs", "/tmp",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",

@@ -4,9 +4,14 @@ Every container runs the locally built image (``turngym.tools.sandbox.image``) w
 memory / CPU / pids limits, all capabilities dropped, no-new-privileges, a read-only root, a
 size-limited tmpfs workdir, ``/tmp`` and ``/dev/shm``, and commands run as uid 1000. PID 1 is
 root's (without capabilities) and non-dumpable: a command cannot ptrace or signal it, so nothing
-the agent runs can hide in it from ``kill_all``. Each command runs under
-``timeout -s KILL`` and its whole process group is killed when it ends, so background jobs do
-not outlive it. Containers carry a ``turngym.sandbox`` label and their owner's host:pid; the
+the agent runs can hide in it from ``kill_all``. Each command runs under a small supervisor in
+the container: ``_runner.serve``, one long-lived, non-dumpable process per container that the
+host talks to over one exec's stdin/stdout. It kills the command's whole process group at the
+deadline or when the command ends, so background jobs do not outlive it, and caps the output
+there, so the host reads at most ``max_output`` bytes per stream. A command that kills or stops
+it costs one restart. ``exec_direct`` runs a
+trusted program with no supervisor at all: nothing of the sandbox user sits between it and the
+host (its parent is outside the container). Containers carry a ``turngym.sandbox`` label and their owner's host:pid; the
 janitor (``cleanup_containers``) removes those whose owner is gone, and an ``atexit`` hook
 removes this process's own.
 """
@@ -22,6 +27,10 @@ import threading
 import time
 from collections import deque
 
+import json
+from pathlib import Path
+
+from turngym.tools.sandbox import _runner
 from turngym.tools.sandbox.base import RawResult, Sandbox, SandboxConfig, SandboxError
 from turngym.tools.sandbox._runner import Capture
 
@@ -29,10 +38,10 @@ LABEL = "turngym.sandbox"
 OWNER_LABEL = "turngym.owner"
 SANDBOX_USER = "1000:1000"
 _HOST_GRACE_S = 10.0
-# timeout(1) makes itself a process-group leader; after it returns we SIGKILL that group, so
-# background jobs die with the command. fd 3 carries stdin past sh's `&` (which would give
-# the background job /dev/null).
-_WRAP = 'exec 3<&0; timeout -s KILL "$0" "$@" <&3 3<&- & p=$!; wait $p; rc=$?; kill -s KILL -- -$p 2>/dev/null; exit $rc'
+# The in-container supervisor of every command: _runner's source, handed over in the environment
+# (the command line stays short in `ps`; the supervisor drops it before any command starts).
+_SUPERVISOR = Path(_runner.__file__).read_text()
+_BOOT = "import os; exec(os.environ.pop('TURNGYM_SUPERVISOR'))"
 
 # PID 1: reap orphans (SIGCHLD ignored: the kernel reaps them, so zombies do not pile up against
 # the pids limit), refuse ptrace (non-dumpable; it is root's anyway), and wait forever.
@@ -214,6 +223,7 @@ class DockerBackend(Sandbox):
 
     def __init__(self, config: SandboxConfig | None = None, *, image: str | None = None,
                  pool: DockerPool | None = None) -> None:
+        self._server: _Server | None = None
         if pool is not None:
             super().__init__(pool.config)
             self._pool, self.image = pool, pool.image
@@ -228,13 +238,81 @@ class DockerBackend(Sandbox):
         self.container_id = start_container(self.config, self.image)
 
     def _run(self, argv, timeout, stdin, max_output, cwd) -> RawResult:
+        req = {"argv": argv, "cwd": cwd, "timeout": timeout, "max_output": max_output,
+               "stdin_len": -1 if stdin is None else len(stdin)}
+        return self._request(req, stdin or b"", timeout + _HOST_GRACE_S)
+
+    def _run_direct(self, argv, timeout, stdin, max_output, cwd) -> RawResult:
+        t0 = time.monotonic()
+        out, err, code, timed_out = self._exec(argv, stdin, t0 + timeout, max_output, cwd)
+        return RawResult(code, out.value(), err.value(), timed_out, time.monotonic() - t0, out.total, err.total)
+
+    def _kill_all(self) -> None:
+        # The supervisor's kill(-1) reaches every process of the sandbox user but itself (PID 1
+        # is root's); when the supervisor does not answer, a fresh exec does the same, and the
+        # supervisor goes with the rest.
+        if self._request({"op": "killall"}, b"", _HOST_GRACE_S).exit_code != 0:
+            self._kill_everything()
+
+    def _kill_everything(self) -> None:
+        self._drop_server()
+        api = docker_client().api
+        ex = api.exec_create(self.container_id, ["sh", "-c", "kill -s KILL -- -1 2>/dev/null; true"],
+                             user=SANDBOX_USER)
+        api.exec_start(ex["Id"])  # waits for it to finish
+
+    # ----- the supervisor: one long-lived exec per container (``_runner.serve``) ----------------
+    def _request(self, req: dict, payload: bytes, wait_s: float) -> RawResult:
+        deadline = time.monotonic() + wait_s
+        if self._server is not None and not self._server.alive():
+            self._drop_server()  # killed between commands (by an escaped process): start another
+        server = self._server or self._start_server()
+        try:
+            server.raw.sendall(json.dumps(req).encode() + b"\n" + payload)
+            head = json.loads(server.read_line(deadline))
+            out = server.read_n(head["stdout_len"], deadline)
+            err = server.read_n(head["stderr_len"], deadline)
+        except TimeoutError:  # stopped or wedged: nothing of the sandbox user survives this
+            self._kill_everything()
+            why = b"[the command's supervisor did not answer within the deadline; every process was killed]"
+            return RawResult(137, b"", why, True, wait_s, 0, len(why))
+        except (OSError, ValueError, KeyError, EOFError) as e:  # the command killed its supervisor
+            self._drop_server()
+            why = f"[the sandbox's command supervisor died during the command ({type(e).__name__}); its output is lost]"
+            return RawResult(137, b"", why.encode(), False, 0.0, 0, len(why))
+        finally:
+            self.bytes_received += server.take_count()
+        return RawResult(head["exit_code"], out, err, head["timed_out"], head["elapsed_s"],
+                         head["stdout_total"], head["stderr_total"])
+
+    def _start_server(self) -> _Server:
         import docker
 
         api = docker_client().api
-        t0 = time.monotonic()
         try:
-            ex = api.exec_create(self.container_id, ["sh", "-c", _WRAP, f"{timeout:g}", *argv],
-                                 stdin=stdin is not None, user=SANDBOX_USER, workdir=cwd)
+            ex = api.exec_create(self.container_id, ["python3", "-I", "-S", "-c", _BOOT, "{}"], stdin=True,
+                                 user=SANDBOX_USER, workdir=self.workdir, environment={"TURNGYM_SUPERVISOR": _SUPERVISOR})
+            sock = api.exec_start(ex["Id"], socket=True)
+        except docker.errors.APIError as e:
+            raise SandboxError(f"docker exec failed: {e.explanation or e}") from e
+        self._server = _Server(sock)
+        return self._server
+
+    def _drop_server(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def _exec(self, cmd: list[str], stdin: bytes | None, deadline: float, max_output: int,
+              cwd: str | None = None) -> tuple[Capture, Capture, int, bool]:
+        """One ``docker exec`` of ``cmd`` as the sandbox user, nothing in between: (stdout, stderr,
+        exit code, missed the deadline). Past ``deadline`` every process of the sandbox user is killed."""
+        import docker
+
+        api = docker_client().api
+        try:
+            ex = api.exec_create(self.container_id, cmd, stdin=stdin is not None, user=SANDBOX_USER,
+                                 workdir=cwd or self.workdir)
             sock = api.exec_start(ex["Id"], socket=True)
         except docker.errors.APIError as e:
             raise SandboxError(f"docker exec failed: {e.explanation or e}") from e
@@ -243,26 +321,17 @@ class DockerBackend(Sandbox):
             if stdin is not None:
                 raw.sendall(stdin)
                 raw.shutdown(socket.SHUT_WR)
-            out, err, host_timeout = _read_frames(raw, t0 + timeout + _HOST_GRACE_S, max_output)
+            out, err, late, n = _read_frames(raw, deadline, max_output)
+            self.bytes_received += n
         finally:
             _close_hijacked(sock, raw)
-        if host_timeout:  # timeout(1) should have fired long ago; make sure nothing survives
-            self._kill_all()
+        if late:
+            self._kill_everything()
         code = api.exec_inspect(ex["Id"]).get("ExitCode")
-        elapsed = time.monotonic() - t0
-        code = 137 if code is None else int(code)
-        timed_out = host_timeout or (code == 137 and elapsed >= timeout)
-        return RawResult(code, out.value(), err.value(), timed_out, elapsed, out.total, err.total)
-
-    def _kill_all(self) -> None:
-        # As the sandbox user, kill(-1) reaches every process of that user except PID 1 (init of
-        # the PID namespace is immune) and the caller.
-        api = docker_client().api
-        ex = api.exec_create(self.container_id, ["sh", "-c", "kill -s KILL -- -1 2>/dev/null; true"],
-                             user=SANDBOX_USER)
-        api.exec_start(ex["Id"])  # waits for it to finish
+        return out, err, 137 if code is None else int(code), late
 
     def _close(self) -> None:
+        self._drop_server()
         if self._pool is not None:
             self._pool.discard(self.container_id)
         else:
@@ -280,17 +349,20 @@ def _close_hijacked(sock, raw) -> None:
             pass
 
 
-def _read_frames(sock, deadline: float, max_output: int) -> tuple[Capture, Capture, bool]:
-    """Read Docker's multiplexed exec stream (8-byte header: stream id, 3 pad, big-endian size)."""
+def _read_frames(sock, deadline: float, max_output: int) -> tuple[Capture, Capture, bool, int]:
+    """Read Docker's multiplexed exec stream (8-byte header: stream id, 3 pad, big-endian size):
+    both streams (capped), whether the deadline passed first, and the bytes read."""
     caps = {1: Capture(max_output), 2: Capture(max_output)}
     buf = bytearray()
+    n = 0
     while True:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([sock], [], [], left)[0]:
-            return caps[1], caps[2], True
+            return caps[1], caps[2], True, n
         chunk = sock.recv(1 << 16)
         if not chunk:
-            return caps[1], caps[2], False
+            return caps[1], caps[2], False, n
+        n += len(chunk)
         buf += chunk
         while len(buf) >= 8:
             stream, size = buf[0], struct.unpack(">I", buf[4:8])[0]
@@ -298,6 +370,63 @@ def _read_frames(sock, deadline: float, max_output: int) -> tuple[Capture, Captu
                 break
             caps.get(stream, caps[1]).add(bytes(buf[8:8 + size]))
             del buf[:8 + size]
+
+
+class _Server:
+    """The host's end of a supervisor exec: a demultiplexed stdout, read up to a deadline."""
+
+    def __init__(self, sock) -> None:
+        self.sock, self.raw = sock, getattr(sock, "_sock", sock)
+        self.frames = bytearray()  # raw multiplexed bytes not yet parsed
+        self.out = bytearray()  # the supervisor's stdout
+        self.count = 0
+
+    def alive(self) -> bool:
+        """False when the supervisor has exited (its stream is at EOF); nothing is pending between requests."""
+        if not select.select([self.raw], [], [], 0)[0]:
+            return True
+        try:
+            return bool(self.raw.recv(1 << 16, socket.MSG_PEEK))
+        except OSError:
+            return False
+
+    def take_count(self) -> int:
+        n, self.count = self.count, 0
+        return n
+
+    def _fill(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([self.raw], [], [], left)[0]:
+            raise TimeoutError("no answer from the sandbox supervisor")
+        chunk = self.raw.recv(1 << 16)
+        if not chunk:
+            raise EOFError("the sandbox supervisor exited")
+        self.count += len(chunk)
+        self.frames += chunk
+        while len(self.frames) >= 8:
+            stream, size = self.frames[0], struct.unpack(">I", self.frames[4:8])[0]
+            if len(self.frames) < 8 + size:
+                break
+            if stream == 1:  # stderr (stream 2) holds only the supervisor's own crash, if any
+                self.out += self.frames[8:8 + size]
+            del self.frames[:8 + size]
+
+    def read_line(self, deadline: float) -> bytes:
+        while b"\n" not in self.out:
+            self._fill(deadline)
+        line, _, rest = bytes(self.out).partition(b"\n")
+        self.out = bytearray(rest)
+        return line
+
+    def read_n(self, n: int, deadline: float) -> bytes:
+        while len(self.out) < n:
+            self._fill(deadline)
+        data = bytes(self.out[:n])
+        del self.out[:n]
+        return data
+
+    def close(self) -> None:
+        _close_hijacked(self.sock, self.raw)
 
 
 class DockerPool:

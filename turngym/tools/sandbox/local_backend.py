@@ -1,8 +1,11 @@
 """``LocalBackend``: plain subprocesses in a temp dir. NO ISOLATION -- unit tests only.
 
 Commands run as you, on your machine, with your network and your files. The only limits are
-the per-command timeout and output cap. It exists so that env logic can be tested where no
-Docker engine and no bubblewrap are available; it is never picked automatically.
+the per-command timeout and output cap. Code the agent writes can read and change your files,
+reach the network, outlive its command (a ``setsid`` daemon), and ptrace or signal this very
+process, graders included. It exists so that env logic can be tested where no Docker engine and
+no bubblewrap are available; it is never picked automatically, and it refuses to start outside
+a test run (pytest) unless forced: ``allow_unsafe=True``, or ``TURNGYM_ALLOW_UNSAFE_SANDBOX=1``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import tempfile
 import warnings
 
 from turngym.tools.sandbox import _runner
-from turngym.tools.sandbox.base import RawResult, Sandbox, SandboxConfig
+from turngym.tools.sandbox.base import RawResult, Sandbox, SandboxConfig, SandboxError
+
+FORCE_ENV = "TURNGYM_ALLOW_UNSAFE_SANDBOX"
 
 
 class UnsafeSandboxWarning(UserWarning):
@@ -27,11 +32,19 @@ class LocalBackend(Sandbox):
     Args:
         config: Limits; only ``timeout_s``, ``max_output_bytes`` and ``env`` apply here. The
             workdir is a fresh temp dir, whatever ``config.workdir`` says.
+        allow_unsafe: Start outside a test run anyway (also ``TURNGYM_ALLOW_UNSAFE_SANDBOX=1``).
+
+    Raises:
+        SandboxError: Outside a test run, and not forced.
     """
 
     backend = "local"
 
-    def __init__(self, config: SandboxConfig | None = None) -> None:
+    def __init__(self, config: SandboxConfig | None = None, *, allow_unsafe: bool = False) -> None:
+        if not (allow_unsafe or os.environ.get(FORCE_ENV) == "1" or "PYTEST_CURRENT_TEST" in os.environ):
+            raise SandboxError(
+                "the local sandbox backend runs the agent's code as you, with no isolation; it is for unit "
+                f"tests only. Use Docker or bubblewrap, or force it with allow_unsafe=True or {FORCE_ENV}=1.")
         warnings.warn(
             "LocalBackend runs commands directly on this machine with NO isolation (no network, memory "
             "or filesystem limits). Use it for unit tests only; use Docker or bubblewrap for agents.",
