@@ -268,3 +268,60 @@ def test_bwrap_without_a_cgroup_says_what_caps_memory(monkeypatch):
         assert "MemoryError" in res.stderr, res.observation()  # the per-process cap still holds
     finally:
         box.close()
+
+
+def test_local_backend_refuses_outside_tests_unless_forced():
+    import subprocess
+    import sys
+
+    script = ("from turngym.tools.sandbox import make_sandbox, SandboxError\n"
+              "try:\n    make_sandbox('local').close(); print('started')\n"
+              "except SandboxError as e:\n    print('refused:', e)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "TURNGYM_ALLOW_UNSAFE_SANDBOX")}
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.startswith("refused:") and "no isolation" in out.stdout, out.stdout + out.stderr
+    forced = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True,
+                            env={**env, "TURNGYM_ALLOW_UNSAFE_SANDBOX": "1"}, timeout=60)
+    assert forced.stdout.strip() == "started", forced.stdout + forced.stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_sandbox("local", allow_unsafe=True).close()
+
+
+def test_cgroup_v2_path_writes_its_limits(tmp_path, monkeypatch):
+    """The v2 branch against a directory laid out like a delegated v2 subtree (the files the
+    kernel would hold); the kernel's enforcement is the next test's."""
+    from turngym.tools.sandbox import cgroup
+
+    root = tmp_path / "cg"
+    (root / "user.slice").mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("memory pids\n")
+    monkeypatch.setattr(cgroup, "ROOT", root)
+    monkeypatch.setattr(cgroup, "_own_paths", lambda: {"": "/user.slice"})
+    group, why = cgroup.SandboxCgroup.create(256 * 2**20, 64, owner_uid=os.getuid())
+    assert group is not None and group.version == 2, why
+    (d,) = group.dirs
+    assert d.parent == root / "user.slice"
+    assert {f: (d / f).read_text() for f in ("memory.max", "memory.swap.max", "pids.max")} == {
+        "memory.max": str(256 * 2**20), "memory.swap.max": "0", "pids.max": "64"}
+    assert group.procs_files == [str(d / "cgroup.procs")]
+
+
+def test_bwrap_memory_is_capped_by_a_cgroup_v2_where_the_host_has_one():
+    from turngym.tools.sandbox.cgroup import ROOT
+
+    reason = skip_reason("bwrap")
+    if reason:
+        pytest.skip(reason)
+    if (ROOT / "memory" / "memory.limit_in_bytes").exists() or not (ROOT / "cgroup.controllers").exists():
+        pytest.skip(f"this host's memory controller is on cgroup v1 ({ROOT}/memory); the v2 path runs on a v2 host")
+    box = make_sandbox("bwrap", SandboxConfig(memory_mb=256))
+    try:
+        if box.cgroup is None:
+            pytest.skip(f"cgroup v2 is here but not delegated to this process: {box.memory_enforcement}")
+        assert box.memory_enforcement == "cgroup v2"
+        hold = ("for i in 1 2; do python3 -c 'import time; b = bytearray(200 * 2**20); "
+                "b[::4096] = b\"x\" * len(b[::4096]); time.sleep(4); print(\"held\", flush=True)' & done; wait")
+        assert box.exec(hold, timeout=60).stdout.count("held") <= 1  # 2 x 200 MB > 256 MB together
+    finally:
+        box.close()

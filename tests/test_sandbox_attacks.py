@@ -173,3 +173,44 @@ def test_pid1_cannot_be_ptraced_or_killed(sb):
     assert res.stdout.strip() == "-1 Operation not permitted", res.observation()
     sb.exec("kill -9 1")
     assert sb.exec("echo alive").stdout == "alive\n"
+
+
+def test_dev_is_read_only_and_holds_no_files(sb):
+    """Files go in the capped /dev/shm; /dev itself (bwrap's is a tmpfs of no size limit) takes none."""
+    res = sb.exec("dd if=/dev/zero of=/dev/fill bs=1M count=16 status=none; echo x > /dev/null && echo null-ok; "
+                  "ls /dev/fill 2>&1", timeout=30)
+    assert "null-ok" in res.stdout and "No such file" in res.stdout, res.observation()
+    assert "Read-only file system" in res.stderr or "Permission denied" in res.stderr, res.observation()
+    assert_alive(sb)
+
+
+def test_output_is_capped_inside_the_sandbox(sb):
+    """100 MB on stdout: the sandbox counts it all, and the host reads a few KB."""
+    before = sb.bytes_received
+    res = sb.exec("yes | head -c 100000000; yes err | head -c 50000000 >&2", max_output=4096, timeout=60)
+    assert res.stdout_bytes == 100_000_000 and res.stderr_bytes == 50_000_000
+    assert len(res.stdout) < 4200 and "bytes of output truncated" in res.stdout
+    assert sb.bytes_received - before < 64 * 1024
+    assert_alive(sb)
+
+
+SUPERVISOR = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]\n"
+              "sup = os.getppid()\n"  # the command's parent: the supervisor that holds the answer channel
+              "print('ptrace', libc.ptrace(16, sup, None, None), os.strerror(ctypes.get_errno()))\n"
+              "for fd in (0, 1, 2):\n"
+              "    try:\n"
+              "        os.open(f'/proc/{sup}/fd/{fd}', os.O_WRONLY)\n"
+              "        print('opened', fd)\n"
+              "    except OSError as e:\n"
+              "        print('refused', fd, e.strerror)\n")
+
+
+def test_the_command_supervisor_is_out_of_reach(sb):
+    """The process that holds the channel to the host cannot be ptraced, nor its fds opened."""
+    res = sb.exec(["python3", "-c", SUPERVISOR])
+    assert "ptrace -1 Operation not permitted" in res.stdout and "opened" not in res.stdout, res.observation()
+    assert res.stdout.count("refused") == 3
+    sb.exec("kill -9 $PPID")  # a supervisor the command killed is replaced (Docker); PID 1 ignores it (bwrap)
+    assert sb.exec("echo alive").stdout == "alive\n"
+    assert_alive(sb)

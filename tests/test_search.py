@@ -285,7 +285,6 @@ def test_hotpot_official_and_hugging_face_layouts_load_the_same(tmp_path):
 
 
 @pytest.mark.parametrize("record,message", [
-    ({k: v for k, v in _OFFICIAL.items() if k != "_id"}, r"missing field\(s\) _id \(or id\)"),
     ({k: v for k, v in _HF.items() if k != "context"}, "missing field"),
     ({**_HF, "context": {"title": ["a", "b"], "sentences": [["x"]]}}, "equal lengths"),
     ({**_OFFICIAL, "context": [["a", "b", "c"]]}, "context is neither"),
@@ -303,6 +302,28 @@ def test_hotpot_unknown_layout_is_a_clear_error(tmp_path, record, message):
     (tmp_path / "broken.jsonl").write_text("{not json\n")
     with pytest.raises(ValueError, match="line 1 is not JSON"):
         hotpot_suite(tmp_path / "broken.jsonl")
+
+
+def test_hotpot_records_without_an_id_get_a_stable_one_and_one_warning(tmp_path):
+    import hashlib
+
+    from turngym.data import forget_warnings
+    from turngym.envs.search.corpus import hotpot_suite
+
+    forget_warnings()
+    no_id = {k: v for k, v in _HF.items() if k != "id"}
+    (tmp_path / "noid.jsonl").write_text("\n".join(json.dumps(r) for r in (no_id, no_id, _OFFICIAL)) + "\n")
+    with pytest.warns(UserWarning, match="2 of 3 records have no id") as record:
+        suite = hotpot_suite(tmp_path / "noid.jsonl")
+    assert len(record) == 1
+    h = "hq-" + hashlib.sha1(_HF["question"].encode()).hexdigest()[:16]
+    assert [t.task_id for t in suite.tasks] == [h, f"{h}-2", "q1"]
+    import warnings
+
+    with warnings.catch_warnings(record=True) as again:  # the next env loading the file stays quiet
+        warnings.simplefilter("always")
+        assert [t.task_id for t in hotpot_suite(tmp_path / "noid.jsonl").tasks] == [h, f"{h}-2", "q1"]
+    assert again == []
 
 
 @needs_bm25

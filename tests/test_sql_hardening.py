@@ -214,3 +214,97 @@ def test_submit_of_a_huge_result_is_an_error_observation():
     assert "larger than 500,000 bytes" in obs[0].content and not terminated and info["action_valid"] is False
     _, reward, terminated, _, _ = env.step(f"<submit>{env.tasks[env.task_id].gold_sql}</submit>")
     assert terminated and reward == 1.0
+
+
+# ----- an abandoned statement stops; temporary storage is capped ---------------------------------
+def _cpu_after_return(db, sql: str, timeout_s: float = 0.3) -> float:
+    """CPU seconds this process spends after ``sql`` returned its error, until every statement it
+    abandoned has ended (a hang guard of 30 s, not a timing assertion)."""
+    import time
+
+    with pytest.raises(SQLError):
+        db.run(sql, timeout_s=timeout_s)
+    c0 = time.process_time()
+    for t in list(db._stuck):
+        t.join(timeout=30)
+    time.sleep(0.2)  # a statement still running would go on burning here
+    return time.process_time() - c0
+
+
+@pytest.mark.parametrize("sql", [
+    # The widest character class SQLite allows, on the longest value: one opcode of ~5e9 steps.
+    "SELECT printf('%.*c', 99000, 'a') GLOB '*[" + "b" * 49_980 + "]*'",
+    "SELECT printf('%.*c', 99000, 'a') LIKE '" + "%a" * 24_000 + "b'",
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000) "
+    "SELECT count(*) FROM c a, c b, c d WHERE a.x + b.x = d.x",
+])
+def test_an_abandoned_statement_stops_burning_cpu(db, sql):
+    assert _cpu_after_return(db, sql) < 0.5
+
+
+def _peak_temp_while(fn) -> int:
+    import time
+
+    peak, stop = [0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peak[0] = max(peak[0], sandbox.temp_bytes())
+            time.sleep(0.005)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    try:
+        fn()
+    finally:
+        stop.set()
+        t.join()
+    return peak[0]
+
+
+@pytest.mark.parametrize("sql", [
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION SELECT x + 1 FROM c WHERE x < 100000000) "
+    "SELECT count(*) FROM (SELECT DISTINCT x, zeroblob(2000) FROM c)",
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100000000) "
+    "SELECT x FROM c ORDER BY randomblob(3000)",
+])
+def test_temporary_storage_is_capped(tmp_path, sql):
+    path = tmp_path / "t.sqlite"
+    sqlite3.connect(path).close()
+    d = ReadOnlyDB(path, timeout_s=20.0)  # long enough that only the storage cap can stop it
+    try:
+        def run():
+            with pytest.raises(SQLError, match="temporary storage"):
+                d.run(sql)
+
+        peak = _peak_temp_while(run)
+        assert peak < 3 * sandbox.MAX_TEMP_BYTES  # a sort's final merge may briefly hold two copies
+        assert d.run("SELECT 1")[1] == [(1,)]  # and the connection serves the next query
+    finally:
+        d.close()
+
+
+def test_tool_arguments_that_are_not_plain_json_are_error_observations():
+    """An in-process caller can hand a Message any Python object; the step answers with an error,
+    and its info stays JSON."""
+    from turngym.types import Message, ToolCall
+
+    env = _shop_env("openai")
+    for args in ({"sql": _deep(990)}, {"sql": 10 ** 5000}, {"sql": object()}, {"sql": ("SELECT 1",)}):
+        obs, _, _, _, info = env.step(Message("assistant", "", tool_calls=[ToolCall("c", "execute_sql", args)]))
+        assert obs[0].content.startswith("Error:") and not info["action_valid"], obs[0].content
+        json.dumps(info)
+    big = [ToolCall(f"c{i}", "execute_sql", {"sql": "SELECT 1 -- " + "x" * (10 * 2**20)}) for i in range(8)]
+    obs, _, _, _, info = env.step(Message("assistant", "", tool_calls=big))
+    assert "longer than 16384" in obs[0].content and info["tool_calls"] == [], obs[0].content
+    assert len(json.dumps(info)) < 10_000
+    ok = env.step(Message("assistant", "", tool_calls=[ToolCall("c", "execute_sql", {"sql": "SELECT 1"})]))
+    assert ok[4]["action_valid"] and ok[0][0].content.startswith("1")
+
+
+def _deep(n: int):
+    v: list = []
+    for _ in range(n):
+        v = [v]
+    return v

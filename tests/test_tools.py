@@ -93,8 +93,13 @@ HOSTILE = [
     ("surrogate in value", ToolCall("1", "echo", {"text": "a\udc80b"}), "not valid Unicode"),
     ("surrogate deep in value", ToolCall("1", "echo", {"text": "a", "options": {"k": ["\ud800"]}}), "options/k/0"),
     ("surrogate in key", ToolCall("1", "echo", {"te\ud800xt": "a"}), "not valid Unicode"),
-    ("deeply nested, tool fails", ToolCall("1", "echo", {"text": "a", "options": {"k": _nested(5000)}}), "RecursionError"),
-    ("deeply nested, schema rejects", ToolCall("1", "echo", {"text": _nested(5000)}), "could not be run"),
+    ("deeply nested", ToolCall("1", "echo", {"text": "a", "options": {"k": _nested(990)}}), "nested more than 32 deep"),
+    ("deeply nested, schema would reject", ToolCall("1", "echo", {"text": _nested(5000)}), "nested more than 32 deep"),
+    ("5000-digit integer", ToolCall("1", "echo", {"text": "a", "options": {"n": 10 ** 5000}}), "more than 64 bits"),
+    ("an object", ToolCall("1", "echo", {"text": object()}), "object, which is not JSON"),
+    ("a tuple", ToolCall("1", "echo", {"text": "a", "options": {"t": (1, 2)}}), "tuple, which is not JSON"),
+    ("not a number", ToolCall("1", "echo", {"text": "a", "options": {"x": float("nan")}}), "not finite"),
+    ("huge argument", ToolCall("1", "echo", {"text": "y" * 5_000_000}), "longer than 16384 characters"),
     ("wrong type", ToolCall("1", "echo", {"text": None}), "invalid arguments"),
     ("non-string id", ToolCall(7, "echo", None), "must be a JSON object"),
 ]
@@ -110,12 +115,23 @@ def test_dispatch_never_raises_on_hostile_calls(name, call, message):
     assert len(result.content) < 2_000  # a huge name is not echoed back whole
 
 
-def test_dispatch_output_is_valid_utf8_and_huge_strings_pass_through():
+def test_dispatch_output_is_valid_utf8_and_long_outputs_are_cut():
     reg = ToolRegistry([echo, leak])
     out = reg.dispatch(ToolCall("1", "leak", {}))
     assert not out.is_error and out.content == "bad \ufffd text"
-    big = reg.dispatch(ToolCall("2", "echo", {"text": "y" * 5_000_000}))
+    big = reg.dispatch(ToolCall("2", "echo", {"text": "y" * 16_000}))  # under the argument cap
     assert not big.is_error and "output truncated" in big.content
+
+
+def test_plain_json_problem_by_hand():
+    from turngym.tools.base import plain_json_problem
+
+    assert plain_json_problem({"a": [1, 2.5, None, True, {"b": "c"}], "n": 2**63 - 1}) is None
+    assert "64 bits" in plain_json_problem({"n": 2**64})
+    assert "nested" in plain_json_problem({"a": _nested(33)}) and plain_json_problem({"a": _nested(31)}) is None
+    # size: {"k": "xxxxxxxx"} counts 2 + (1 + 2) + (8 + 2) = 15 characters
+    assert plain_json_problem({"k": "x" * 8}, max_chars=15) is None
+    assert "longer than 14" in plain_json_problem({"k": "x" * 8}, max_chars=14)
 
 
 def test_timeout_on_main_thread_and_in_threads():

@@ -3,6 +3,10 @@
 ``turngym.register("turngym/Name-v0", entry_point="pkg.mod:Class", max_turns=30)`` puts the env
 in Gymnasium's registry (so ``gymnasium.make`` finds it) and records a one-line description for
 ``turngym envs``. Entry points are strings, so registering imports nothing heavy.
+
+Every env made from the registry runs behind a step deadline (``turngym.envs.deadline.StepDeadline``,
+the innermost wrapper): a step past it is truncated with the reason and the env is rebuilt from
+the same entry point and kwargs. A new env gets it by registering; nothing to write.
 """
 
 from __future__ import annotations
@@ -11,8 +15,37 @@ import importlib
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
 
 _DESCRIPTIONS: dict[str, str] = {}
+
+
+class DeadlineEntry:
+    """An entry point that builds the env from ``target`` and wraps it in ``StepDeadline``, which
+    rebuilds it from the same kwargs when a step misses its deadline (picklable)."""
+
+    def __init__(self, target: str | Any) -> None:
+        self.target = target
+
+    def creator(self) -> Any:
+        return self.target if callable(self.target) else load_env_creator(self.target)
+
+    def __call__(self, **kwargs: Any) -> gym.Env:
+        from turngym.envs.deadline import StepDeadline
+
+        creator = self.creator()
+        return StepDeadline(creator(**kwargs), factory=lambda: creator(**kwargs))
+
+    def __repr__(self) -> str:
+        return f"DeadlineEntry({self.target!r})"
+
+
+def raw_entry_point(spec: gym.envs.registration.EnvSpec) -> Any:
+    """The creator a spec's entry point stands for, without the step deadline around it."""
+    ep = spec.entry_point
+    if isinstance(ep, DeadlineEntry):
+        return ep.creator()
+    return ep if callable(ep) else load_env_creator(ep)
 
 
 def register(
@@ -33,10 +66,13 @@ def register(
         max_turns: Episodes are truncated after this many agent turns.
         description: One line for ``turngym envs`` (defaults to the class docstring's first line).
         nondeterministic: The env cannot replay exactly under a seed (e.g. an LLM answers in it).
+
+    The env is made behind a step deadline (see the module docstring): the env's
+    ``step_deadline_s`` attribute, or ``DEFAULT_STEP_DEADLINE_S``.
     """
     gym.register(
         id=id,
-        entry_point=entry_point,
+        entry_point=entry_point if isinstance(entry_point, DeadlineEntry) else DeadlineEntry(entry_point),
         max_episode_steps=max_turns,
         kwargs=dict(kwargs or {}),
         nondeterministic=nondeterministic,
@@ -64,6 +100,7 @@ def describe(id: str) -> str:
     if _DESCRIPTIONS.get(id):
         return _DESCRIPTIONS[id]
     ep = gym.spec(id).entry_point
+    ep = ep.target if isinstance(ep, DeadlineEntry) else ep
     if isinstance(ep, str):
         mod, _, name = ep.partition(":")
         try:

@@ -1,6 +1,10 @@
-"""Wrappers shared by every env family: reward shaping and reference tool calls.
+"""Wrappers shared by every env family: step deadlines, reward shaping and reference tool calls.
 
 Behaviour shared by many envs is a wrapper, not a flag on every env (STYLE 12):
+
+- ``StepDeadline`` runs each step on a thread of its own and waits at most the step's deadline.
+  A late step is truncated (``info["truncated_reason"]``) and the env is rebuilt; the registry
+  puts it around every registered env.
 
 - ``ShapedReward`` adds the gameable step reward of ``turngym.envs.shaping`` to the env's reward
   (``valid_call``: a bonus for every accepted action; ``new_observation``: a bonus for every
@@ -23,15 +27,13 @@ import re
 from typing import Any
 
 import gymnasium as gym
-from gymnasium.envs.registration import load_env_creator
 
-from turngym.envs.registry import describe, make, register
+from turngym.envs.deadline import StepDeadline
+from turngym.envs.registry import describe, make, raw_entry_point, register
 from turngym.envs.shaping import Shaper
 
 _VERSIONED = re.compile(r"^(?P<name>.+)-v(?P<version>\d+)$")
 SHAPED_FAMILIES = ("turngym/TextWorld-", "turngym/SQL-")
-
-
 class ShapedReward(gym.Wrapper):
     """Adds a gameable shaping bonus to every step's reward (see the module docstring).
 
@@ -79,8 +81,7 @@ def make_shaped(base_id: str, shaping: str = "valid_call", bonus: float = 0.1, *
     """Entry point of shaped variants: the base env's class with its registered kwargs (plus
     ``kwargs``), wrapped in ``ShapedReward``. The variant's own registration applies the turn limit."""
     spec = gym.spec(base_id)
-    creator = spec.entry_point if callable(spec.entry_point) else load_env_creator(spec.entry_point)
-    return ShapedReward(creator(**{**spec.kwargs, **kwargs}), shaping=shaping, bonus=bonus)
+    return ShapedReward(raw_entry_point(spec)(**{**spec.kwargs, **kwargs}), shaping=shaping, bonus=bonus)
 
 
 def shaped_id(base_id: str) -> str:
@@ -120,7 +121,7 @@ def _register_builtin_variants() -> None:
 
 _register_builtin_variants()
 
-__all__ = ["ShapedReward", "ReferenceCalls", "make_shaped", "register_shaped", "shaped_id"]
+__all__ = ["StepDeadline", "ShapedReward", "ReferenceCalls", "make_shaped", "register_shaped", "shaped_id"]
 
 
 class RevisitLimit(gym.Wrapper):

@@ -339,7 +339,7 @@ class ToolRegistry:
             )
         if not isinstance(arguments, dict):
             return ToolResult(call_id, f"Error: arguments for {t.name!r} must be a JSON object, not {type(arguments).__name__}.", True, t.name)
-        bad = _invalid_json_text(arguments)
+        bad = plain_json_problem(arguments)
         if bad:
             return ToolResult(call_id, f"Error: arguments for {t.name!r}: {bad}.", True, t.name)
         problem = t.validation_error(arguments)
@@ -353,25 +353,58 @@ class ToolRegistry:
             return ToolResult(call_id, f"Error: tool {t.name!r} failed: {type(e).__name__}: {_short(str(e))}", True, t.name)
 
 
-def _invalid_json_text(value: Any) -> str | None:
-    """Why ``value`` (parsed JSON) cannot be passed on, or None: a key that is not a string, or a
-    string with a lone surrogate (``json.loads`` accepts ``"\\ud800"``; UTF-8 cannot encode it)."""
-    stack = [("(arguments)", value)]
-    while stack:  # iterative: deeply nested JSON must not hit the recursion limit
-        where, v = stack.pop()
-        if isinstance(v, str):
+MAX_ARGUMENT_CHARS = 16_384  # a call's arguments as JSON text: what one utterance may hold
+MAX_ARGUMENT_DEPTH = 32
+_INT_BITS = 64  # integers past int64 are not portable JSON (and 5000-digit ones do not even print)
+
+
+def plain_json_problem(value: Any, max_chars: int = MAX_ARGUMENT_CHARS) -> str | None:
+    """Why ``value`` is not plain JSON a tool may receive, or None.
+
+    Plain JSON is what ``json.loads`` gives for a small document: dicts with string keys, lists,
+    strings that are valid Unicode, booleans, None, finite floats and 64-bit integers, nested at
+    most ``MAX_ARGUMENT_DEPTH`` deep and about ``max_chars`` characters long as JSON text. An
+    in-process caller can hand over anything (an object, a tuple, a list nested 990 deep, a
+    5000-digit integer); each is refused here before a tool, a schema validator or the
+    ``info`` record ever sees it. Iterative, and stops at the first problem.
+    """
+    stack = [("(arguments)", value, 0)]
+    size = 0
+    while stack:
+        where, v, depth = stack.pop()
+        if depth > MAX_ARGUMENT_DEPTH:
+            return f"the value at {where} is nested more than {MAX_ARGUMENT_DEPTH} deep"
+        if type(v) is str:
             try:
                 v.encode("utf-8")
             except UnicodeEncodeError as e:
                 return f"the text at {where} is not valid Unicode ({e.reason} at character {e.start})"
-        elif isinstance(v, dict):
+            size += len(v) + 2
+        elif v is None or type(v) is bool:
+            size += 5
+        elif type(v) is int:
+            if v.bit_length() > _INT_BITS:
+                return f"the integer at {where} has more than {_INT_BITS} bits"
+            size += 20
+        elif type(v) is float:
+            if v != v or v in (float("inf"), float("-inf")):
+                return f"the number at {where} is not finite"
+            size += 24
+        elif type(v) is dict:
+            size += 2
             for k, item in v.items():
-                if not isinstance(k, str):
+                if type(k) is not str:
                     return f"object keys must be strings, got {type(k).__name__} at {where}"
-                stack.append((k if where == "(arguments)" else f"{where}/{k}", k))
-                stack.append((k if where == "(arguments)" else f"{where}/{k}", item))
-        elif isinstance(v, (list, tuple)):
-            stack.extend((f"{where}/{i}", item) for i, item in enumerate(v))
+                key = k if where == "(arguments)" else f"{where}/{k}"
+                stack.append((key, k, depth + 1))
+                stack.append((key, item, depth + 1))
+        elif type(v) is list:
+            size += 2 + len(v)
+            stack.extend((f"{where}/{i}", item, depth + 1) for i, item in enumerate(v))
+        else:
+            return f"the value at {where} is a {type(v).__name__}, which is not JSON"
+        if size > max_chars:
+            return f"the arguments are longer than {max_chars} characters as JSON"
     return None
 
 

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from turngym.tools.base import ToolRegistry, truncate
+from turngym.tools.base import ToolRegistry, plain_json_problem, truncate
 from turngym.types import Message, ToolCall, ToolResult, ToolSpec
 
 MAX_ACTION_CHARS = 16_384  # longer utterances are rejected whole: no tool call needs more
@@ -156,6 +156,26 @@ class HermesFormat:
         return ["</tool_call>"]
 
 
+def _message_calls_problem(calls: list, content: str) -> str | None:
+    """Why a Message's tool calls cannot be run as they are, or None: the limits a text reply
+    meets (``MAX_ACTION_CHARS`` for the whole message), and plain JSON all through (an
+    in-process caller can put any object in them)."""
+    size = len(content)
+    for i, c in enumerate(calls[:MAX_CALLS_PER_ACTION]):
+        name, call_id, args = getattr(c, "name", None), getattr(c, "id", None), getattr(c, "arguments", None)
+        if type(name) is not str or not (call_id is None or type(call_id) is str) or type(args) is not dict:
+            return f"tool call {i + 1} needs a string name, a string id and an arguments object"
+        size += len(name) + len(call_id or "")
+        bad = plain_json_problem(args, max(0, MAX_ACTION_CHARS - size))
+        if bad:
+            return f"tool call {i + 1}: {bad}" if "longer than" not in bad else \
+                f"the message's tool calls are longer than {MAX_ACTION_CHARS} characters"
+        size += len(json.dumps(args))
+    if size > MAX_ACTION_CHARS:
+        return f"the message is {size} characters long; the limit is {MAX_ACTION_CHARS}"
+    return None
+
+
 class OpenAIFormat(HermesFormat):
     """OpenAI ``tool_calls``: a Message carrying calls, or the JSON of one (``{"tool_calls": [...]}``).
 
@@ -166,9 +186,16 @@ class OpenAIFormat(HermesFormat):
 
     def parse(self, action: str | Message, tools: ToolRegistry, id_prefix: str = "call") -> ParsedAction:
         if isinstance(action, Message):
-            if action.tool_calls:
-                return ParsedAction(calls=list(action.tool_calls[:MAX_CALLS_PER_ACTION]), content=action.content)
-            return ParsedAction(errors=[self._usage("the message has no tool_calls", tools)], content=action.content)
+            content = action.content if isinstance(action.content, str) else ""
+            if not action.tool_calls:
+                return ParsedAction(errors=[self._usage("the message has no tool_calls", tools)], content=content)
+            calls = list(action.tool_calls)
+            if err := _message_calls_problem(calls, content):
+                return ParsedAction(errors=[f"Error: {err}"], content=content[:MAX_ACTION_CHARS])
+            out = ParsedAction(calls=calls[:MAX_CALLS_PER_ACTION], content=content)
+            if len(calls) > MAX_CALLS_PER_ACTION:
+                out.errors.append(f"Error: at most {MAX_CALLS_PER_ACTION} tool calls per turn; the rest were ignored.")
+            return out
         text = _as_text(action)
         if err := _too_long(text):
             return ParsedAction(errors=[err])

@@ -15,8 +15,10 @@ layouts of a record are read:
 - the Hugging Face ``hotpot_qa`` one: ``id``; ``context`` = ``{"title": [...], "sentences":
   [[...], ...]}``; ``supporting_facts`` = ``{"title": [...], "sent_id": [...]}``.
 
-Anything else is a ``ValueError`` naming the file, the record and the field. Lone surrogates in
-the text (valid JSON, invalid Unicode) become U+FFFD.
+A record without ``_id`` or ``id`` (some re-packagings drop it) gets a stable one from a hash of
+its question (``hq-<sha1 of the question, 16 hex>``), and the file one warning. Anything else is a
+``ValueError`` naming the file, the record and the field. Lone surrogates in the text (valid JSON,
+invalid Unicode) become U+FFFD.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from turngym.data.warn import warn_once
 from turngym.tools.base import valid_unicode
 
 _SYL = ["ar", "bel", "cor", "dun", "el", "fal", "gor", "hal", "ith", "jor", "kel", "lun", "mor", "nex", "ol",
@@ -184,6 +187,7 @@ def hotpot_suite(path: str | Path) -> QASuite:
     records = read_hotpot_records(path)
     by_title: dict[str, Doc] = {}
     suite = QASuite(f"hotpotqa:{path.name}", [])
+    hashed, taken = 0, set()
     for i, r in enumerate(records):
         try:
             context, gold = hotpot_record_parts(r)
@@ -194,11 +198,29 @@ def hotpot_suite(path: str | Path) -> QASuite:
             if title not in by_title:
                 text = valid_unicode("".join(sentences).strip())
                 by_title[title] = Doc(f"hp{len(by_title):05d}", title, text)
-        qid, gold = valid_unicode(str(r.get("_id", r.get("id")))), tuple(valid_unicode(t) for t in gold)
         question, answer = valid_unicode(str(r["question"])), valid_unicode(str(r["answer"]))
-        suite.tasks.append(QATask(qid, question, answer, gold, str(r.get("type", "default"))))
+        if "_id" in r or "id" in r:
+            qid = valid_unicode(str(r.get("_id", r.get("id"))))
+        else:
+            qid, hashed = question_id(question, taken), hashed + 1
+        taken.add(qid)
+        suite.tasks.append(QATask(qid, question, answer, tuple(valid_unicode(t) for t in gold), str(r.get("type", "default"))))
+    if hashed:
+        warn_once(f"HotpotQA {path}: {hashed} of {len(records)} records have no id; each gets a stable one from a "
+                  "hash of its question (hq-...)")
     suite.docs = list(by_title.values())
     return suite
+
+
+def question_id(question: str, taken: set[str] = frozenset()) -> str:
+    """A stable id for a record that has none: ``hq-`` and 16 hex digits of the question's SHA-1
+    (``-2``, ``-3``, ... when the same question came earlier in the file)."""
+    base = "hq-" + hashlib.sha1(question.encode("utf-8")).hexdigest()[:16]
+    qid, n = base, 1
+    while qid in taken:
+        n += 1
+        qid = f"{base}-{n}"
+    return qid
 
 
 def hotpot_record_parts(r: object) -> tuple[list[tuple[str, list[str]]], tuple[str, ...]]:
@@ -210,8 +232,6 @@ def hotpot_record_parts(r: object) -> tuple[list[tuple[str, list[str]]], tuple[s
     if not isinstance(r, dict):
         raise ValueError(f"expected a JSON object, got {type(r).__name__}")
     missing = [k for k in ("question", "answer", "context", "supporting_facts") if k not in r]
-    if "_id" not in r and "id" not in r:
-        missing.append("_id (or id)")
     if missing:
         raise ValueError(f"missing field(s) {', '.join(missing)}; expected the official or the Hugging Face HotpotQA layout")
     ctx, sf = r["context"], r["supporting_facts"]

@@ -13,10 +13,16 @@ The agent's SQL runs on a connection that cannot change anything or leave its bu
   strings), so a statement that ignores the interrupt is abandoned on its thread and the
   connection is replaced: the caller gets its error within ``timeout_s`` + 0.5 s whatever the
   statement does;
-- the known long single opcodes are bounded too, so an abandoned statement burns little CPU:
-  values are capped at ``MAX_VALUE_BYTES`` (``instr``/``replace`` are quadratic in it) and
+- a progress handler stops the statement from inside SQLite once its deadline has passed or it
+  was abandoned, so an abandoned statement stops at its next opcodes instead of running on;
+- the known long single opcodes are bounded too, so no one opcode burns much CPU: values are
+  capped at ``MAX_VALUE_BYTES`` (``instr``/``replace`` are quadratic in it), ``LIKE``/``GLOB``
+  patterns at ``MAX_PATTERN_BYTES`` (matching is the string's length times the pattern's), and
   ``printf``/``format`` refuse a width or precision above it (SQLite 3.40 loops over the
   precision of ``%c`` even when the output is already too big);
+- temporary storage is capped: the same handler stops a statement once the temporary files
+  this process holds open (sorts, ``DISTINCT``, ``UNION``, recursive CTEs spill there) pass
+  ``MAX_TEMP_BYTES`` (Linux: counted through ``/proc/self/fd``);
 - results are fetched row by row and capped at ``max_rows`` rows and ``max_bytes`` bytes, so a
   huge result is refused without ever being held in memory;
 - SQL text that is not valid Unicode (a lone surrogate) is an error, not an exception, and
@@ -27,10 +33,12 @@ The source database file is therefore never written, which the isolation tests c
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import sqlite3
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -57,6 +65,10 @@ MAX_VALUE_BYTES = 100_000  # per value; instr/replace take ~0.1 s at this size, 
 MAX_SQL_BYTES = 100_000  # per query text
 MAX_RESULT_BYTES = 8_000_000  # per result (what submit may hold): 10,000 rows of 800 bytes
 MAX_STUCK = 2  # abandoned statements still running before new queries are refused
+MAX_PATTERN_BYTES = 1_000  # per LIKE / GLOB pattern (SQLite allows 50,000: ~5e9 steps on one value)
+MAX_TEMP_BYTES = 64 * 2**20  # temporary files of all statements in this process, together
+_PROGRESS_OPCODES = 10_000  # the progress handler runs this often (a few hundred microseconds of work)
+_TEMP_CHECK_EVERY = 10  # ... and counts temporary files every this many runs
 _PRINTF_SPEC = re.compile(r"%[-+ 0#,!]*(\*|\d+)?(?:\.(\*|\d*))?(?:ll|l)?(.)", re.DOTALL)
 
 
@@ -67,10 +79,11 @@ class SQLError(Exception):
 class _Job:
     """One statement for the worker thread; the caller reads the outcome once ``done`` is set."""
 
-    def __init__(self, sql: str, limit: int, max_bytes: int) -> None:
-        self.sql, self.limit, self.max_bytes = sql, limit, max_bytes
+    def __init__(self, sql: str, limit: int, max_bytes: int, deadline: float = float("inf")) -> None:
+        self.sql, self.limit, self.max_bytes, self.deadline = sql, limit, max_bytes, deadline
         self.done = threading.Event()
         self.abandoned = False
+        self.stopped: str | None = None  # why the progress handler stopped it
         self.cols: list[str] = []
         self.rows: list[tuple] = []
         self.cut: str | None = None  # "rows" or "bytes" when the result was cut
@@ -106,11 +119,51 @@ class _Callbacks:
             return self.printf_conn.execute(f"SELECT printf({marks})", (fmt, *args)).fetchone()[0]
 
 
-def _serve(inbox: queue.SimpleQueue, conn: sqlite3.Connection) -> None:
+class _Progress:
+    """The connection's progress handler: a nonzero return interrupts the running statement."""
+
+    def __init__(self) -> None:
+        self.job: _Job | None = None
+        self.calls = 0
+
+    def __call__(self) -> int:
+        job = self.job
+        if job is None:
+            return 0
+        if job.abandoned or time.monotonic() > job.deadline:
+            job.stopped = job.stopped or "time"
+            return 1
+        self.calls += 1
+        if self.calls % _TEMP_CHECK_EVERY == 0 and temp_bytes() > MAX_TEMP_BYTES:
+            job.stopped = "temp"
+            return 1
+        return 0
+
+
+def temp_bytes() -> int:
+    """Bytes of deleted temporary files this process holds open: SQLite unlinks its temporary
+    files (``etilqs_*``) as soon as it opens them. 0 where ``/proc`` is missing."""
+    total = 0
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            if "etilqs_" in os.readlink(f"/proc/self/fd/{fd}"):
+                total += os.fstat(int(fd)).st_size
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _serve(inbox: queue.SimpleQueue, conn: sqlite3.Connection, progress: _Progress) -> None:
     """A worker thread's loop: run jobs on ``conn`` until ``None`` arrives or a job is abandoned."""
     try:
         while (job := inbox.get()) is not None:
+            progress.job = job
             _execute(conn, job)
+            progress.job = None
             if job.abandoned:
                 break
     finally:
@@ -172,8 +225,10 @@ class ReadOnlyDB:
         for name in ("printf", "format"):
             conn.create_function(name, -1, self._cb.printf, deterministic=True)
         conn.set_authorizer(self._cb.authorize)
+        progress = _Progress()
+        conn.set_progress_handler(progress, _PROGRESS_OPCODES)
         self.conn, self._inbox = conn, queue.SimpleQueue()
-        self._worker = threading.Thread(target=_serve, args=(self._inbox, conn), name="turngym-sql", daemon=True)
+        self._worker = threading.Thread(target=_serve, args=(self._inbox, conn, progress), name="turngym-sql", daemon=True)
         self._worker.start()
         weakref.finalize(self, self._inbox.put, None)  # a dropped ReadOnlyDB stops its worker
 
@@ -206,10 +261,13 @@ class ReadOnlyDB:
         if len(self._stuck) >= MAX_STUCK:
             raise SQLError("the database is still stopping earlier queries that ran too long; try again shortly")
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        job = _Job(sql, limit, self.max_bytes)
+        job = _Job(sql, limit, self.max_bytes, time.monotonic() + timeout_s)
         self._inbox.put(job)
-        if not self._wait(job, timeout_s):
+        if not self._wait(job, timeout_s) or job.stopped == "time":
             raise SQLError(f"query timed out after {timeout_s:g}s and was stopped")
+        if job.stopped == "temp":
+            raise SQLError(f"the query needs more than {MAX_TEMP_BYTES // 2**20} MB of temporary storage "
+                           "(sorting, DISTINCT, UNION or a recursive CTE over too many rows); it was stopped")
         if job.error is not None:
             raise _as_sql_error(job.error)
         return job
@@ -276,6 +334,7 @@ def _limited(conn: sqlite3.Connection) -> sqlite3.Connection:
     conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
     conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES + 16)  # + room for "EXPLAIN "
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_PATTERN_BYTES)
     return conn
 
 

@@ -25,6 +25,7 @@ from turngym.envs.base import StepOutcome, TextEnv
 from turngym.envs.swe import grading
 from turngym.envs.swe.task import SWETask, apply_edit
 from turngym.tools.base import Tool
+from turngym.tools.formats import MAX_CALLS_PER_ACTION
 from turngym.tools.sandbox import Sandbox, SandboxConfig, SandboxError, SandboxProvider
 from turngym.types import Message, ToolCall
 
@@ -95,6 +96,9 @@ class SWEEnv(TextEnv):
         self.task_ids = list(self._tasks)
         self.command_timeout_s = command_timeout_s
         self.test_timeout_s, self.grade_timeout_s = test_timeout_s, grade_timeout_s
+        # The sandbox bounds every call; this only catches a wedged engine: the most calls one
+        # step may make, each at its longest, with the host's grace per call.
+        self.step_deadline_s = MAX_CALLS_PER_ACTION * (max(command_timeout_s, grade_timeout_s) + 30.0) + 120.0
         config = sandbox_config or SandboxConfig(timeout_s=command_timeout_s)
         self._provider = SandboxProvider(sandbox, config, pool_size)
         self._sb: Sandbox | None = None

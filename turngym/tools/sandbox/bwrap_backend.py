@@ -173,6 +173,7 @@ class BwrapBackend(Sandbox):
         chunk = os.read(fd, 1 << 20)
         if not chunk:
             raise EOFError("the sandbox server exited")
+        self.bytes_received += len(chunk)
         self._buf += chunk
 
     def _read_line(self, deadline: float) -> bytes:

@@ -68,6 +68,7 @@ class LocalBackend(Sandbox):
     def _run(self, argv, timeout, stdin, max_output, cwd) -> RawResult:
         r = _runner.run_capped(argv, cwd=cwd if os.path.isdir(cwd) else self.workdir, env=self._env,
                                stdin=stdin, timeout=timeout, max_output=max_output)
+        self.bytes_received += len(r["stdout"]) + len(r["stderr"])
         return RawResult(r["exit_code"], r["stdout"], r["stderr"], r["timed_out"], r["elapsed_s"],
                          r["stdout_total"], r["stderr_total"])
 
