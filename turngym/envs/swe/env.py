@@ -304,14 +304,16 @@ class SWEEnv(TextEnv):
         return "Submitted for grading."
 
     def _repo_digest(self) -> str:
-        """Hash of every file in the repo (caches excluded): detects any change, by any tool."""
+        """Hash of every file in the repo (caches excluded): detects any change, by any tool. It is
+        computed in the sandbox (40 bytes come back, however many files there are)."""
         box = self._sb
         excludes = " ".join(f"! -path '{p}'" for p in _IGNORED)
-        res = box.exec(f"find . -type f {excludes} -print0 | sort -z | xargs -0 -r sha1sum", timeout=60,
-                       max_output=4 * 2**20)
-        if res.exit_code != 0:
+        res = box.exec(f"find . -type f {excludes} -print0 | sort -z | "
+                       "xargs -0 -r sha1sum | sha1sum | cut -c1-40", timeout=60, max_output=4096)
+        digest = res.stdout.strip()
+        if res.exit_code != 0 or len(digest) != 40:
             raise SandboxError(f"cannot hash the repo: {res.stderr[:200]}")
-        return hashlib.sha1(res.stdout.encode()).hexdigest()
+        return digest
 
     # ----- scripted hints --------------------------------------------------------------------
     def oracle_action(self) -> str | None:
@@ -328,7 +330,7 @@ class SWEEnv(TextEnv):
             return None
         calls = [ToolCall("a", "run_tests", {}), ToolCall("a", "submit", {}),
                  ToolCall("a", "bash", {"command": "ls -R"})]
-        sources = self._sb.read_files([p for p in self._task.source_files if p.endswith(".py")])
+        sources = self._sb.read_files([p for p in self._task.source_files if p.endswith(".py")], max_bytes=MAX_EDIT_BYTES)
         for path, text in sources.items():
             calls.append(ToolCall("a", "view_file", {"path": path}))
             calls += _random_edits(path, text, self.np_random, 4)
