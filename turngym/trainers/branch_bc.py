@@ -107,7 +107,8 @@ class BranchBCTrainer(OnlineTrainer):
         self.stops = tool_stops(describe_env(probe))
         probe.close()
         if self.cfg.expert_replay:
-            self.experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed)
+            self.experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed,
+                                   self.cfg.demo_seed)
 
     def pick_tasks(self) -> list[str]:
         """This iteration's screen: unsolved tasks first (no remembered success, and greedy play
