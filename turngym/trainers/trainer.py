@@ -182,6 +182,16 @@ def resolve_rollout_engine(cfg: OnlineConfig, distributed: bool = False) -> Onli
     return dataclasses.replace(cfg, rollout_engine="vllm" if allowed and vllm_available() else "hf")
 
 
+def screen_order(task_ids: list[str], solved: set[str], screened: dict[str, int], seed: int, iteration: int,
+                 n: int) -> list[str]:
+    """The ``n`` training tasks a greedy screen plays next: unsolved first, then the ones screened
+    longest ago (never screened: -1), ties in a seeded order that changes every iteration."""
+    order = list(task_ids)
+    random.Random(seed * 1_000_003 + iteration).shuffle(order)
+    rank = {t: i for i, t in enumerate(order)}
+    return sorted(task_ids, key=lambda t: (t in solved, screened.get(t, -1), rank[t]))[:n]
+
+
 def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_size: int = 1,
                   weights: list[float] | None = None, greedy_first: bool = False) -> list[EpisodeSpec]:
     """``n`` episodes for one iteration: tasks drawn by (seed, iteration), each repeated
