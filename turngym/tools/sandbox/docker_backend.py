@@ -262,6 +262,8 @@ class DockerBackend(Sandbox):
     # ----- the supervisor: one long-lived exec per container (``_runner.serve``) ----------------
     def _request(self, req: dict, payload: bytes, wait_s: float) -> RawResult:
         deadline = time.monotonic() + wait_s
+        if self._server is not None and self._server.pid != os.getpid():
+            self._server = None  # a forked process: the supervisor's socket is the parent's
         if self._server is not None and not self._server.alive():
             self._drop_server()  # killed between commands (by an escaped process): start another
         server = self._server or self._start_server()

@@ -4,6 +4,7 @@ reads a whole exec, capped; ``Server`` reads answers from a long-lived superviso
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import struct
@@ -54,6 +55,7 @@ class Server:
         self.frames = bytearray()  # raw multiplexed bytes not yet parsed
         self.out = bytearray()  # the supervisor's stdout
         self.count = 0
+        self.pid = os.getpid()  # the process that owns the socket
 
     def alive(self) -> bool:
         """False when the supervisor has exited (its stream is at EOF); nothing is pending between requests."""
