@@ -24,9 +24,8 @@ TASK = "synthetic-test-002"
 REAL = [pytest.param("docker", marks=pytest.mark.docker), "bwrap"]
 
 # Runs in a case child at import: finds the nonce in the runner's memory (the child is its fork),
-# then writes a "done" line with it into every descriptor of every process it can open through
-# /proc, and answers every case but the first itself. A done line that reached the report would
-# void it (the real lines come after it).
+# then writes a "done" line with it into every descriptor of every other process it can open
+# through /proc. A done line that reached the report would void it (the real lines come after it).
 FORGE = r'''
 import os as _o, sys as _s
 _f, _n = _s._getframe(), None
@@ -39,7 +38,7 @@ assert _n, "the nonce was found"
 _line = ("\n" + _n + ' {"done": true}\n').encode()
 _written = 0
 for _p in _o.listdir("/proc"):
-    if _p.isdigit():
+    if _p.isdigit() and int(_p) != _o.getpid():  # its own result pipe is its own answer to spoil
         try:
             _fds = _o.listdir(f"/proc/{_p}/fd")
         except OSError:

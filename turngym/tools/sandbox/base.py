@@ -242,11 +242,14 @@ class Sandbox(ABC):
             SandboxError: The file is larger than ``max_bytes`` (default 64 MiB).
         """
         p = self.resolve(path)
-        res = self._checked_run(["head", "-c", str(max_bytes + 1), "--", p], 60.0, None, None, max_bytes + 1)
+        # The size is checked in the sandbox first, so a large file is refused without being read.
+        script = ('n=$(stat -L -c %s -- "$1") || exit 2; [ "$n" -le "$2" ] || { echo "larger than $2 bytes" >&2; exit 3; }; '
+                  'head -c "$(($2 + 1))" -- "$1"')
+        res = self._checked_run(["sh", "-c", script, "sh", p, str(max_bytes)], 60.0, None, None, max_bytes + 1)
+        if res.exit_code == 3 or len(res.stdout) > max_bytes:
+            raise SandboxError(f"{p} is larger than {max_bytes} bytes")
         if res.exit_code != 0:
             raise FileNotFoundError(f"{p}: {res.stderr.decode('utf-8', 'replace').strip()}")
-        if len(res.stdout) > max_bytes:
-            raise SandboxError(f"{p} is larger than {max_bytes} bytes")
         return res.stdout if binary else res.stdout.decode("utf-8", "replace")
 
     def read_files(self, paths: list[str], max_bytes: int = MAX_FILE_BYTES) -> dict[str, str]:
