@@ -6,7 +6,9 @@ Registered ids (entry points are strings: importing this package loads nothing h
 - ``turngym/SWE-quixbugs-v0``: QuixBugs programs (``turngym data download quixbugs`` or
   ``$TURNGYM_DATA/quixbugs``).
 
-``make(id, sandbox="docker" | "bwrap" | "local")`` picks the sandbox backend (default ``auto``).
+``make(id, sandbox="docker" | "bwrap" | "local")`` picks the sandbox backend (default ``auto``;
+``local`` runs the agent's code as you, for tests only). How grading holds up against a policy
+that searches for holes: ``docs/grading.md``.
 """
 
 from turngym.envs.registry import register
