@@ -16,6 +16,7 @@ equal what TRL logged.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -184,3 +185,100 @@ def test_grpo_trainer_runs_two_steps_through_environment_factory(case, tiny_toke
     changed = [k for k, v in model.named_parameters() if not torch.equal(v.detach(), before[k])]
     assert changed and any(h.get("grad_norm", 0) > 0 for h in trainer.state.log_history)
     print(json.dumps({"case": case, "rewards": [s["rewards"] for s in record.steps], "changed": len(changed)}))
+
+
+# ----- the adapter itself, without a trainer ------------------------------------------------------------
+SCHEMA_ENVS = ["turngym/Maze-v0", "turngym/SQL-synthetic-v1", "turngym/Search-synthetic-v0", "turngym/Wordle-v0"]
+
+
+@pytest.mark.parametrize("env_id", SCHEMA_ENVS)
+def test_tool_methods_describe_the_env_tools_to_trl(env_id):
+    from transformers.utils import get_json_schema
+
+    env = environment_factory(env_id)()
+    tools = {n: getattr(env, n) for n, _ in inspect.getmembers(type(env), predicate=inspect.isfunction)
+             if n not in ("reset", "get_reward") and not n.startswith("_")}  # what TRL collects
+    assert sorted(tools) == sorted(s.name for s in env.session.specs)
+    for spec in env.session.specs:
+        fn = get_json_schema(tools[spec.name])["function"]
+        assert fn["name"] == spec.name and fn["description"] == " ".join(spec.description.split())
+        props = spec.parameters.get("properties", {})
+        assert set(fn["parameters"]["properties"]) == set(props)
+        for arg, schema in props.items():
+            got = fn["parameters"]["properties"][arg]
+            assert got["type"] == schema["type"] and got["description"] == " ".join(schema["description"].split())
+        assert set(fn["parameters"].get("required", [])) == set(spec.parameters.get("required", []))
+
+
+def test_malformed_calls_come_back_as_the_env_error_observation():
+    env = environment_factory("turngym/Maze-v0", invalid_action_penalty=-0.5, reward="return")()
+    assert env.move(direction="north").startswith("Error: there is no episode yet")  # before reset: no step
+    env.reset(prompt=[{"role": "user", "content": ""}], task_id="small-train-0000")
+    calls = [{"dir": "east"}, {}, {"direction": 3}, {"direction": "east", "speed": 2}, {"direction": "sideways"},
+             {"direction": None}, {"direction": ["east"]}]
+    for args in calls:  # exactly how TRL calls a tool: method(**arguments)
+        text = env.move(**args)
+        assert text.startswith("Error:"), (args, text)
+    assert env.session.turn == len(calls) and env.get_reward() == pytest.approx(-0.5 * len(calls))
+    assert "Open directions" in env.move(direction="east")  # and a valid call still works afterwards
+
+
+def test_an_episode_ends_where_the_env_ends_it_and_rewards_come_from_the_env():
+    for reward in ("return", "outcome"):
+        env = environment_factory("turngym/Maze-v0", reward=reward, step_penalty=0.1)()
+        env.reset(task_id="small-train-0000")
+        moves, last = 0, ""
+        while not env.session.done:
+            last = env.move(**oracle_call(env.session).arguments)
+            moves += 1
+        assert "reached the goal" in last and env.session.outcome == 1.0 and moves == 10
+        assert env.get_reward() == pytest.approx(1.0 - 0.1 * moves if reward == "return" else 1.0)
+        assert env.move(direction="east").startswith("Error: the episode is over")
+        assert env.session.turn == moves  # the late call was not a step
+
+
+def test_turn_limit_and_reset_follow_the_env():
+    env = environment_factory("turngym/Maze-v0", max_turns=2)()
+    first = env.reset(task_id="small-train-0001")
+    assert "You are in a maze" in first and "Reply with" not in first  # the tool-format block is cut
+    env.move(direction="north")
+    env.move(direction="north")
+    assert env.session.done and env.move(direction="north").startswith("Error: the episode is over")
+    assert env.reset(task_id="small-train-0001") == first and env.session.turn == 0
+    with pytest.raises(KeyError):
+        env.reset(task_id="no-such-task")
+
+
+def test_task_dataset_has_one_row_per_task_and_routes_a_mix_of_envs(tiny_tokenizer, tmp_path):
+    from datasets import concatenate_datasets
+    from trl import GRPOConfig, GRPOTrainer
+
+    maze = task_dataset("turngym/Maze-v0", environment="maze", split="test")
+    assert maze["task_id"] == turngym.make("turngym/Maze-v0", split="test").unwrapped.task_ids
+    assert set(maze["environment"]) == {"maze"} and maze[0]["prompt"] == [{"role": "user", "content": ""}]
+    sql = task_dataset("turngym/SQL-synthetic-v1", environment="sql")
+    factories = {"maze": environment_factory("turngym/Maze-v0", split="test"),
+                 "sql": environment_factory("turngym/SQL-synthetic-v1")}
+    tokenizer = with_response_parser(tiny_tokenizer)
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, num_generations=2,
+                      report_to="none", use_cpu=True)
+    trainer = GRPOTrainer(model=build_tiny_model(tokenizer), processing_class=tokenizer, args=args,
+                          train_dataset=concatenate_datasets([maze, sql]), environment_factory=factories)
+    assert {k: sorted(t.__name__ for t in v) for k, v in trainer._env_tools.items()} == {
+        "maze": ["move"], "sql": ["describe_table", "execute_sql", "list_tables", "submit"]}
+    assert {"Maze_v0", "SQL_synthetic_v1"} <= set(trainer.reward_func_names)  # each env owns its reward
+
+
+def test_with_response_parser_reads_hermes_tool_calls(tiny_tokenizer):
+    tokenizer = with_response_parser(tiny_tokenizer)
+    out = tokenizer.parse_response('<tool_call>\n{"name": "move", "arguments": {"direction": "east"}}\n</tool_call><|im_end|>', prefix="")
+    assert out["tool_calls"] == [{"type": "function", "function": {"name": "move", "arguments": {"direction": "east"}}}]
+    assert with_response_parser(tokenizer) is tokenizer
+
+
+def test_a_tool_named_like_the_trl_hooks_is_refused():
+    from turngym.integrations.trl import env_class
+    from turngym.types import ToolSpec
+
+    with pytest.raises(ValueError, match="reset"):
+        env_class("x/Bad-v0", [ToolSpec("reset", "starts over", {"type": "object", "properties": {}})])
