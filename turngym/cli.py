@@ -91,7 +91,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
 
 def cmd_openenv(args: argparse.Namespace) -> int:
-    from turngym.integrations.openenv import serve
+    try:
+        from turngym.integrations.openenv import serve
+    except ImportError as e:  # the extra is missing: say which, without a traceback
+        raise SystemExit(f"error: {e}") from None
 
     env_kwargs = _kv(args.env_arg)
     if args.split:
