@@ -33,3 +33,29 @@ def test_malformed_calls_are_invalid_env_steps(env_id):
 def test_tool_format_is_the_session_s_to_choose():
     with pytest.raises(ValueError, match="tool_format"):
         ToolCallSession("turngym/Maze-v0", tool_format="hermes")
+
+
+def test_your_own_env_plugs_into_all_three_by_its_id():
+    """A user's env, named as ``"their.module:ns/Name-v0"`` (the module registers it), in each adapter."""
+    pytest.importorskip("trl")
+    pytest.importorskip("openenv")
+    skyrl_gym = pytest.importorskip("skyrl_gym")
+    from turngym.integrations.openenv import TurngymAction, environment_class
+    from turngym.integrations.skyrl import register_envs
+    from turngym.integrations.trl import environment_factory
+
+    env_id = "toy_envs:tests/Guess-v0"
+    trl_env = environment_factory(env_id)()
+    assert "Guess a number" in trl_env.reset(task_id="3") and trl_env.guess(number=3) == "correct!"
+    assert trl_env.get_reward() == 1.0
+
+    openenv_env = environment_class(env_id)()
+    openenv_env.reset(task_id="4")
+    assert openenv_env.step(TurngymAction(tool_name="guess", arguments={"number": 4})).reward == 1.0
+    assert openenv_env.get_metadata().name == "tests/Guess-v0"
+
+    register_envs([env_id])
+    skyrl_env = skyrl_gym.make(env_id, extras={"task_id": "2", "max_turns": 3})
+    skyrl_env.init([])
+    out = skyrl_env.step('<tool_call>{"name": "guess", "arguments": {"number": 2}}</tool_call>')
+    assert out["reward"] == 1.0 and out["done"] and skyrl_env.max_turns == 3

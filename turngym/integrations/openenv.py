@@ -99,7 +99,8 @@ class TurngymEnvironment(Environment):
                      outcome=s.outcome if s.task_id else 0.0, episode_return=s.episode_return)
 
     def get_metadata(self) -> EnvironmentMetadata:
-        return EnvironmentMetadata(name=self.env_id, description=describe(self.env_id) or self.env_id)
+        env_id = self.session.env.spec.id  # the registered id, without a "pkg.module:" prefix
+        return EnvironmentMetadata(name=env_id, description=describe(env_id) or env_id)
 
     def close(self) -> None:
         self.session.close()

@@ -34,6 +34,16 @@ def require(module: str, extra: str, what: str) -> Any:
         raise ImportError(f'{what} needs the {module!r} package: pip install "turngym[{extra}]"') from e
 
 
+def registered_spec(env_id: str):
+    """Gymnasium's spec of ``env_id``; ``"pkg.module:ns/Name-v0"`` imports ``pkg.module`` first, as ``make`` does."""
+    import gymnasium as gym
+
+    module, sep, plain = env_id.rpartition(":")
+    if sep:
+        importlib.import_module(module)
+    return gym.spec(plain)
+
+
 @dataclass
 class CallResult:
     """What one tool call did.

@@ -20,10 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import gymnasium as gym
-
 from turngym.envs.registry import list_envs, make
-from turngym.integrations.session import require
+from turngym.integrations.session import registered_spec, require
 from turngym.types import Message
 
 skyrl_gym = require("skyrl_gym", "skyrl", "turngym.integrations.skyrl")
@@ -48,7 +46,7 @@ class TurngymTextEnv(BaseTextEnv):
         info = dict(extras.get("extra_info") or {})
         self.task_id = extras.get("task_id", info.get("task_id"))
         self.seed = extras.get("seed", info.get("seed"))
-        limits = [n for n in (gym.spec(env_id).max_episode_steps, extras.get("max_turns")) if n]
+        limits = [n for n in (registered_spec(env_id).max_episode_steps, extras.get("max_turns")) if n]
         self.max_turns = int(min(limits)) if limits else None
         self.turngym_env = make(env_id, max_turns=self.max_turns, **dict(env_config or {}))
         self.env_id = env_id
