@@ -25,7 +25,6 @@ what a search found once keeps being trained on, so a fix does not fade when lat
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +43,7 @@ from turngym.trainers.actor import actor_update
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.sequences import pack_batch
 from turngym.trainers.sft import expert_data
-from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, env_factory
+from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, env_factory, screen_order
 from turngym.types import Trajectory
 
 
@@ -118,10 +117,8 @@ class BranchBCTrainer(OnlineTrainer):
         """This iteration's screen: unsolved tasks first (no remembered success, and greedy play
         failed or never tried), then the ones screened longest ago; ties in a seeded order that
         changes every iteration."""
-        order = {t: i for i, t in enumerate(_shuffled(self.task_ids, self.cfg.seed, self.iteration))}
-        solved = lambda t: t in self.memory or self.greedy_outcomes.get(t, False)
-        ranked = sorted(self.task_ids, key=lambda t: (solved(t), self.screened.get(t, -1), order[t]))
-        return ranked[: self.cfg.episodes_per_iter]
+        solved = {t for t in self.task_ids if t in self.memory or self.greedy_outcomes.get(t, False)}
+        return screen_order(self.task_ids, solved, self.screened, self.cfg.seed, self.iteration, self.cfg.episodes_per_iter)
 
     def step(self) -> dict[str, float]:
         cfg = self.cfg
@@ -166,8 +163,3 @@ class BranchBCTrainer(OnlineTrainer):
         self.memory = {k: Trajectory.from_dict(d) for k, d in st.get("memory", {}).items()}
         self.screened = dict(st.get("screened", {}))
 
-
-def _shuffled(items: list[str], seed: int, iteration: int) -> list[str]:
-    out = list(items)
-    random.Random(seed * 1_000_003 + iteration).shuffle(out)
-    return out
