@@ -67,7 +67,7 @@ advantages, AWR weights, sibling AUC, transitions and windows in ``functional``,
 
 from __future__ import annotations
 
-import random
+import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,9 +315,7 @@ class ArcherTrainer(OnlineTrainer):
         probe.close()
         if cfg.v_target == "fresh_action" and not hasattr(self.policy, "generate"):
             raise ValueError("v_target=fresh_action samples a' from token ids: it needs an HFPolicy")
-        order = list(self.task_ids)
-        random.Random(cfg.seed).shuffle(order)
-        self.heldout_tasks = set(order[: round(cfg.critic_holdout * len(order))])
+        self.heldout_tasks = heldout_tasks(self.task_ids, cfg.critic_holdout, cfg.seed)
         if cfg.expert_replay:
             self.experts = expert_data(self.policy, self.env_id, cfg.expert_replay, self.env_kwargs, cfg.seed,
                                        cfg.demo_seed)
@@ -663,6 +661,14 @@ def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s
         return Fn.turn_transitions(turn_refs, rewards, s)
     r, done, next_states = Fn.turn_transitions(turn_refs, rewards, s[0])
     return r, done, (next_states, Fn.turn_transitions(turn_refs, rewards, s[1])[2])
+
+
+def heldout_tasks(task_ids: list[str], share: float, seed: int) -> set[str]:
+    """The tasks whose turns the critic never trains on: each task is in with probability ``share``,
+    decided by a hash of (seed, task). Independent of every schedule's RNG (a shuffle seeded like
+    the greedy screen's would hold out exactly the tasks screened first)."""
+    cut = int(share * 2**32)
+    return {t for t in task_ids if int(hashlib.sha256(f"{seed}:{t}".encode()).hexdigest()[:8], 16) < cut}
 
 
 def _row(x: torch.Tensor | Window, i: int):
