@@ -19,10 +19,9 @@ import gymnasium as gym
 import torch
 
 from turngym.agents.base import SamplingParams
-from turngym.rollout import EnvPools, EpisodeSpec, rollout
+from turngym.rollout import EnvPools, EpisodeSpec, env_info, rollout
 from turngym.rollout.branching import branch_points, branch_search
 from turngym.rollout.episode import branch_of, moved
-from turngym.rollout.handles import describe_env, tool_stops
 from turngym.train import TrainConfig, load_policy
 from turngym.trainers.trainer import env_factory, split_task_ids
 
@@ -65,7 +64,7 @@ def main() -> None:
     kw = {"tool_format": "xml", "split": "train"}
     probe = gym.make(ENV, **kw)
     walk = {t: len(probe.unwrapped.walkthrough(t)) for t in split_task_ids(ENV, kw)}
-    stops = tool_stops(describe_env(probe))
+    stops = list(env_info(ENV, **kw).stop_strings)
     probe.close()
     make_env = env_factory(ENV, kw, TrainConfig().branch)
     with EnvPools() as pools:

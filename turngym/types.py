@@ -138,6 +138,12 @@ class Utterance:
     finish_reason: str = "stop"
 
 
+def action_valid(info: dict[str, Any]) -> bool:
+    """Whether the env accepted the action a step's ``info`` describes: ``info["action_valid"]``, and
+    False when it is absent (an action counts as valid only when the env said so). The one definition."""
+    return bool(info.get("action_valid", False))
+
+
 @dataclass
 class Turn:
     """One agent utterance and what the env sent back.
@@ -162,6 +168,11 @@ class Turn:
             raise ValueError(
                 f"Turn has {len(self.action_ids)} action_ids but {len(self.action_logprobs)} logprobs"
             )
+
+    @property
+    def action_valid(self) -> bool:
+        """Whether the env accepted this turn's action (``types.action_valid`` of its info)."""
+        return action_valid(self.info)
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}

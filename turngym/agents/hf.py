@@ -40,8 +40,7 @@ from turngym.agents.chat import ChatRenderer, chatml_tools_template
 from turngym.agents.kvcache import RowCache, common_prefix, split, stack, supports_reuse
 from turngym.agents.packed import PackedLM, SlotCache, native_bf16
 from turngym.agents.sampling import StopChecker, make_generators, row_seeds, sample_next
-from turngym.tools.base import ToolRegistry
-from turngym.tools.formats import get_format
+from turngym.tools.formats import format_stops
 from turngym.types import Utterance
 
 KV_KEY = "turngym.hf_kv"
@@ -214,7 +213,7 @@ class HFPolicy:
 
     def _act_batch(self, convs: list[Conversation], prompts: list[list[int]], caches: list[RowCache | None],
                    sampling: SamplingParams) -> list[Utterance]:
-        stops = [list(sampling.stop) + _format_stops(c) for c in convs]
+        stops = [list(sampling.stop) + format_stops(c.tool_format, c.tools) for c in convs]
         turns = [len(self.chat.state(c).sampling_logprobs) for c in convs]
         rows = [i for i, p in enumerate(prompts) if len(p) < self.max_len]
         gens, new_caches = self.generate(
@@ -557,12 +556,6 @@ def _is_fsdp(model: Any) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
-
-
-def _format_stops(conv: Conversation) -> list[str]:
-    if not conv.tools:
-        return []
-    return get_format(conv.tool_format).stop_strings(ToolRegistry.from_specs(list(conv.tools)))
 
 
 def _eos_ids(model) -> set[int]:

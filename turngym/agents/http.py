@@ -42,7 +42,7 @@ import httpx
 
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.tools.base import ToolRegistry
-from turngym.tools.formats import get_format
+from turngym.tools.formats import format_stops, get_format
 from turngym.types import Message, ToolCall, Utterance
 
 # The retry rule. A request is sent again only when the server provably is not generating for it:
@@ -195,7 +195,7 @@ class OpenAIPolicy:
         }
         stops = list(sampling.stop)
         if conv.tools and not native:
-            stops += get_format(conv.tool_format).stop_strings(ToolRegistry.from_specs(list(conv.tools)))
+            stops += format_stops(conv.tool_format, conv.tools)
         if stops:
             body["stop"] = stops
         if sampling.seed is not None:

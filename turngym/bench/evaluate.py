@@ -8,11 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-
 from turngym.agents.base import Policy, SamplingParams
 from turngym.bench.metrics import summarize
-from turngym.rollout import EnvPools, episode_specs, make_env_factory, rollout
+from turngym.rollout import EnvPools, env_info, episode_specs, make_env_factory, rollout
 from turngym.types import Trajectory
 
 
@@ -79,9 +77,7 @@ def evaluate(
     kwargs = {**(env_kwargs or {}), **getattr(policy, "env_kwargs", {})}
     if max_turns is not None:
         kwargs["max_turns"] = max_turns
-    probe = gym.make(env_id, **{k: v for k, v in kwargs.items() if k != "max_turns"})
-    task_ids = list(probe.unwrapped.task_ids)
-    probe.close()
+    task_ids = list(env_info(env_id, **kwargs).task_ids)
     if distinct and episodes > len(task_ids):
         raise ValueError(f"{env_id} {kwargs.get('split', '')!r} has {len(task_ids)} tasks, fewer than the {episodes} "
                          f"distinct held-out games asked for; generate more (e.g. env_kwargs num_games) or ask for fewer")

@@ -15,13 +15,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.bench.metrics import paired_comparison, wilson_interval
-from turngym.rollout import EnvPools
+from turngym.rollout import EnvPools, envinfo
 
 BASELINES = ("sft", "sft_continued")
 
@@ -47,13 +46,7 @@ def release_memory() -> bool:
 def task_groups(env_id: str, env_kwargs: dict) -> dict[str, str]:
     """Report group of every task of a split: the env's ``task_group`` (e.g. TextWorld's level)
     when it has one, else its ``task_type``."""
-    probe = gym.make(env_id, **env_kwargs)
-    try:
-        env = probe.unwrapped
-        group = getattr(env, "task_group", env.task_type)
-        return {tid: str(group(tid)) for tid in env.task_ids}
-    finally:
-        probe.close()
+    return envinfo.task_groups(env_id, **env_kwargs)
 
 
 def held_out_eval(policy: Any, env_id: str, env_kwargs: dict, *, games: int, samples: int, temperature: float,

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from turngym.agents.base import Policy, SamplingParams
 from turngym.bench.suites import SuiteEntry, get_suite
-from turngym.rollout import EpisodeSpec, episode_specs, make_env_factory, rollout
+from turngym.rollout import EpisodeSpec, env_info, episode_specs, make_env_factory, rollout
 from turngym.rollout.handles import exit_with_parent
 
 LOG_NAME, CONFIG_NAME = "episodes.jsonl", "config.json"
@@ -149,13 +149,13 @@ def plan_entry(entry: SuiteEntry, agent_env_kwargs: dict[str, Any], seed: int) -
     kwargs = {**entry.make_kwargs(), **agent_env_kwargs}
     missing = _missing_errors()
     try:
-        env = turngym.make(entry.env_id, **kwargs)
+        task_ids = list(env_info(entry.env_id, **kwargs).task_ids)
+        if not task_ids:
+            return EntryPlan(entry, kwargs, skipped=f"split {entry.split!r} has no tasks")
+        env = turngym.make(entry.env_id, **kwargs)  # one reset shows whether it can run (data, sandbox)
     except missing as e:
         return EntryPlan(entry, kwargs, skipped=_why(e))
     try:
-        task_ids = list(env.unwrapped.task_ids)
-        if not task_ids:
-            return EntryPlan(entry, kwargs, skipped=f"split {entry.split!r} has no tasks")
         env.reset(seed=seed, options={"task_id": task_ids[0]})
     except missing as e:
         return EntryPlan(entry, kwargs, skipped=_why(e))

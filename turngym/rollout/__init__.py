@@ -8,12 +8,13 @@ Benchmarks, bench, scripts and trainers all play episodes through this room.
 
 from turngym.rollout import ray_env  # noqa: F401  (registers the "ray" env-handle kind; imports no Ray)
 from turngym.rollout.async_rollout import AsyncCollector, async_rollout
+from turngym.rollout.envinfo import EnvInfo, env_info
 from turngym.rollout.episode import EpisodeSpec, episode_specs, make_env_factory
 from turngym.rollout.handles import EnvCrashed, EnvHandle, LocalEnv, SubprocessEnv, describe_env, make_handle
 from turngym.rollout.pool import EnvPools
 from turngym.rollout.sync import rollout
 
 __all__ = [
-    "rollout", "async_rollout", "EnvPools", "AsyncCollector", "EpisodeSpec", "episode_specs", "make_env_factory",
+    "rollout", "async_rollout", "EnvInfo", "env_info", "EnvPools", "AsyncCollector", "EpisodeSpec", "episode_specs", "make_env_factory",
     "EnvCrashed", "EnvHandle", "LocalEnv", "SubprocessEnv", "describe_env", "make_handle",
 ]

@@ -215,7 +215,7 @@ def branch_over(ep: Live) -> bool:
 def moved(traj: Trajectory, j: int) -> bool:
     """Whether turn ``j`` was accepted and changed the env state (``True`` without state keys)."""
     turn = traj.turns[j]
-    if not turn.info.get("action_valid", True):
+    if not turn.action_valid:
         return False
     before = traj.metadata.get("initial_state_key") if j == 0 else traj.turns[j - 1].info.get("state_key")
     return before is None or turn.info.get("state_key") != before

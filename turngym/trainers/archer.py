@@ -51,12 +51,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 from torch import nn
 
 from turngym.config import knob
 from turngym.rewards import reward_stats
+from turngym.rollout import env_info
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window
@@ -396,9 +396,7 @@ class ArcherTrainer(OnlineTrainer):
         if fresh:
             if not hasattr(self.policy, "generate"):
                 raise ValueError("v_target=fresh_action samples a' from token ids: it needs an HFPolicy")
-            probe = gym.make(self.env_id, **self.env_kwargs)  # the tool format's stop strings, as in collection
-            self._stops = probe.unwrapped.format.stop_strings(probe.unwrapped.tools)
-            probe.close()
+            self._stops = list(env_info(self.env_id, **self.env_kwargs).stop_strings)  # as in collection
 
     # ----- the loop -------------------------------------------------------------------------
     def step(self) -> dict[str, float]:

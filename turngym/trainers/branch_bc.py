@@ -31,14 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 
 from turngym.config import knob
 from turngym.rewards.format import action_status
-from turngym.rollout import EpisodeSpec
+from turngym.rollout import EpisodeSpec, env_info
 from turngym.rollout.branching import branch_search
-from turngym.rollout.handles import describe_env, tool_stops
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update
 from turngym.trainers.distributed import DistContext
@@ -103,9 +101,7 @@ class BranchBCTrainer(OnlineTrainer):
         self.experts: list[Trajectory] = []
 
     def _setup_extra(self) -> None:
-        probe = gym.make(self.env_id, **self.env_kwargs)
-        self.stops = tool_stops(describe_env(probe))
-        probe.close()
+        self.stops = list(env_info(self.env_id, **self.env_kwargs).stop_strings)
         if self.cfg.expert_replay:
             self.experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed)
 

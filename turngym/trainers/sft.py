@@ -21,14 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import gymnasium as gym
 import torch
 
 from turngym.agents.base import Conversation
 from turngym.agents.scripted import OracleAgent
 from turngym.config import knob
-from turngym.rollout import episode_specs, make_env_factory, rollout
-from turngym.rollout.handles import describe_env
+from turngym.rollout import env_info, episode_specs, make_env_factory, rollout
 from turngym.trainers.actor import autocast, prepare_trainable
 from turngym.trainers.logger import advance_bar, progress_bar
 from turngym.trainers.sequences import pack_batch, score
@@ -61,9 +59,7 @@ class SFTConfig:
 def expert_trajectories(env_id: str, episodes: int, env_kwargs: dict | None = None, seed: int = 0) -> list[Trajectory]:
     """Play the env's oracle on its (training) tasks; only successful episodes are kept."""
     kwargs = {**(env_kwargs or {}), "scripted_hints": True}
-    probe = gym.make(env_id, **kwargs)
-    task_ids = list(probe.unwrapped.task_ids)
-    probe.close()
+    task_ids = list(env_info(env_id, **kwargs).task_ids)
     trajs = rollout(OracleAgent(), make_env_factory(env_id, **kwargs), episode_specs(task_ids, episodes, seed), progress=False)
     return [t for t in trajs if t.success]
 
@@ -133,13 +129,11 @@ def expert_data(policy: Any, env_id: str, episodes: int, env_kwargs: dict | None
     Raises:
         RuntimeError: the oracle solved none of them.
     """
-    probe = gym.make(env_id, **(env_kwargs or {}))
-    desc = describe_env(probe)
-    probe.close()
+    info = env_info(env_id, **(env_kwargs or {}))
     experts = expert_trajectories(env_id, episodes, env_kwargs, seed)
     if not experts:
         raise RuntimeError(f"the oracle of {env_id} solved no episode; nothing to imitate")
-    return [tokenize_expert(policy, t, desc["tools"], desc["tool_format"]) for t in experts]
+    return [tokenize_expert(policy, t, list(info.tools), info.tool_format) for t in experts]
 
 
 def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progress: bool,

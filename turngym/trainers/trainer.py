@@ -30,14 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import gymnasium as gym
 import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.config import knob
 from turngym.envs.wrappers import make_revisit_limited
 from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict
-from turngym.rollout import AsyncCollector, EnvPools, EpisodeSpec, make_env_factory, rollout
+from turngym.rollout import AsyncCollector, EnvPools, EpisodeSpec, env_info, make_env_factory, rollout
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import frozen_copy, prepare_trainable, shard_model, use_bf16
 from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
@@ -238,7 +237,7 @@ def rollout_metrics(trajs: list[Trajectory], dt: float) -> dict[str, float]:
     """Success, return, length, invalid-action rate and speed of a batch of episodes."""
     turns = sum(len(t.turns) for t in trajs)
     tokens = sum(len(x.action_ids) for t in trajs for x in t.turns)
-    invalid = sum(1 for t in trajs for x in t.turns if not x.info.get("action_valid", False))
+    invalid = sum(1 for t in trajs for x in t.turns if not x.action_valid)
     return {
         "rollout/success": sum(t.success for t in trajs) / len(trajs),
         "rollout/return": sum(t.total_reward for t in trajs) / len(trajs),
@@ -252,11 +251,7 @@ def rollout_metrics(trajs: list[Trajectory], dt: float) -> dict[str, float]:
 
 def split_task_ids(env_id: str, env_kwargs: dict) -> list[str]:
     """The task ids of the split an env is made with (the tasks a trainer plays)."""
-    probe = gym.make(env_id, **env_kwargs)
-    try:
-        return list(probe.unwrapped.task_ids)
-    finally:
-        probe.close()
+    return list(env_info(env_id, **env_kwargs).task_ids)
 
 class OnlineTrainer:
     """Train ``policy`` (an ``HFPolicy``) on ``env_id``.
