@@ -39,8 +39,8 @@ def first_mistakes(policy, trajs) -> list[dict]:
                 continue
             ids = policy.tokenizer.encode(oracle, add_special_tokens=False)
             out.append({"task_id": traj.task_id, "turn": k, "success": traj.success, "action": turn.action_text,
-                        "oracle": oracle, "p_action": math.exp(sum(turn.action_logprobs)),
-                        "p_oracle": math.exp(sum(policy.score(turn.prompt_ids, ids)))})
+                        "oracle": oracle, "p_action": math.exp(sum(traj.action_logprobs(k))),
+                        "p_oracle": math.exp(sum(policy.score(traj.prompt_ids(k), ids)))})
             break
     return out
 

@@ -250,7 +250,7 @@ def test_greedy_in_group_plays_each_groups_first_episode_greedily(policy):
     greedy = [t for t, s in zip(trajs, specs) if s.greedy]
     assert [t.metadata.get("greedy") for t in trajs] == [s.greedy or None for s in specs]
     # the anchors play exactly what a greedy rollout plays, though they share batches with samples
-    assert [[x.action_ids for x in t.turns] for t in greedy] == [[x.action_ids for x in t.turns] for t in alone]
+    assert [[t.action_ids(k) for k in range(len(t.turns))] for t in greedy] == [[t.action_ids(k) for k in range(len(t.turns))] for t in alone]
 
 
 def test_greedy_in_group_drops_groups_greedy_decoding_already_wins(policy, tmp_path):
@@ -304,7 +304,7 @@ def test_expert_replay_adds_the_sft_data_to_every_filtered_bc_update(policy, tmp
     trainer.setup()
     # the SFT stage's data, token for token
     want = expert_data(policy, ENV, 2)
-    assert [[x.action_ids for x in t.turns] for t in trainer.experts] == [[x.action_ids for x in t.turns] for t in want]
+    assert [[t.action_ids(k) for k in range(len(t.turns))] for t in trainer.experts] == [[t.action_ids(k) for k in range(len(t.turns))] for t in want]
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     logs = trainer.train(progress=False, resume=False)
     assert logs[0]["pg/expert_episodes"] == 2.0
@@ -320,12 +320,12 @@ def test_expert_replay_is_sharded_over_ranks(policy, tmp_path):
     from turngym.trainers.sft import expert_data
 
     cfg = PGConfig(algo="filtered_bc", episodes_per_iter=2, group_size=2, num_envs=2, expert_replay=3)
-    want = [[x.action_ids for x in t.turns] for t in expert_data(policy, ENV, 3)]
+    want = [[t.action_ids(k) for k in range(len(t.turns))] for t in expert_data(policy, ENV, 3)]
     shards = []
     for rank in (0, 1):
         trainer = PGTrainer(policy, ENV, cfg, out_dir=tmp_path / str(rank), ctx=DistContext(rank=rank, world_size=2))
         trainer._setup_extra()
-        shards.append([[x.action_ids for x in t.turns] for t in trainer.experts])
+        shards.append([[t.action_ids(k) for k in range(len(t.turns))] for t in trainer.experts])
     assert shards == [[want[0], want[2]], [want[1]]]
 
 

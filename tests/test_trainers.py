@@ -92,7 +92,7 @@ def test_resume_reproduces_the_next_batch_after_a_kill_mid_iteration(policy, tin
     b.load(tmp_path / "ckpt_after_2")
     assert b.iteration == a.iteration == 2
     trajs_b = _next_batch(b)
-    assert [t.action_ids for x in trajs_a for t in x.turns] == [t.action_ids for x in trajs_b for t in x.turns]
+    assert [x.record.ids for x in trajs_a] == [x.record.ids for x in trajs_b]
 
 
 def _next_batch(trainer):

@@ -29,7 +29,7 @@ class EvenTokens:
     all run to the length cap and fail the toy task alike), so every update has contrast."""
 
     def __call__(self, trajectories):
-        return [[sum(1 - i % 2 for i in t.action_ids) / max(len(t.action_ids), 1) for t in traj.turns]
+        return [[sum(1 - i % 2 for i in traj.action_ids(k)) / max(len(traj.action_ids(k)), 1) for k in range(len(traj.turns))]
                 for traj in trajectories]
 
 
@@ -98,10 +98,10 @@ def test_each_collection_samples_from_that_iterations_weights(tiny_tokenizer, tm
         scorer.model.load_state_dict(state)
         gap = 0.0
         for t in trajs:
-            for turn in t.turns:
-                assert len(turn.action_ids) == len(turn.action_logprobs) > 0  # exact tokens from the engine
-                ref = scorer.score(turn.prompt_ids, turn.action_ids)
-                gap = max(gap, (torch.tensor(turn.action_logprobs) - torch.tensor(ref)).abs().max().item())
+            for k in range(len(t.turns)):
+                assert len(t.action_ids(k)) == len(t.action_logprobs(k)) > 0  # exact tokens from the engine
+                ref = scorer.score(t.prompt_ids(k), t.action_ids(k))
+                gap = max(gap, (torch.tensor(t.action_logprobs(k)) - torch.tensor(ref)).abs().max().item())
         return gap
 
     assert len(seen) == 2

@@ -120,11 +120,11 @@ class VLLMPolicy:
     def _utterance(self, conv: Conversation, prompt: list[int], out) -> Utterance:
         ids = list(out.token_ids)
         lps = [float(d[t].logprob) for t, d in zip(ids, out.logprobs or [])] if out.logprobs else []
-        self.chat.record(conv, ids)
+        span = self.chat.record(conv, ids, lps)
         ended = bool(ids) and ids[-1] in self.chat.end_token_ids
         text = self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
         finish = "length" if out.finish_reason == "length" else "stop"
-        return Utterance(text, list(prompt), ids, lps, finish)
+        return Utterance(text, ids, lps, finish, span, self.chat.state(conv).record)
 
     def load_weights(self, weights: Any) -> None:
         """Replace the engine's weights with the trainer's, without a restart.

@@ -20,7 +20,6 @@ included) with ``metadata["branch_turn"]``, the turn where it left the root.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Sequence
 
 from turngym.agents.base import Policy, SamplingParams
@@ -80,15 +79,12 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
     for _ in range(depth):
         at = [(spec, traj, j) for spec, traj, after in level if traj.task_id not in solved
               for j in branch_points(traj, points, after)]
-        alts = policy.alternatives([t.turns[j].prompt_ids for _, t, j in at], [t.turns[j].action_ids for _, t, j in at],
+        alts = policy.alternatives([t.prompt_ids(j) for _, t, j in at], [t.action_ids(j) for _, t, j in at],
                                    width, stops, max_new_tokens) if at else []
         specs, turns = [], []
         for (spec, traj, j), replies in zip(at, alts):
-            for alt in replies:
-                forced = dataclasses.replace(traj.turns[j], action_text=alt.text, action_ids=alt.action_ids,
-                                             action_logprobs=alt.logprobs, observation=[], reward=0.0,
-                                             info={"branch": True})
-                specs.append(EpisodeSpec(spec.task_id, spec.seed, greedy=True, prefix=(*traj.turns[:j], forced)))
+            for alt in replies:  # the branch shares traj's record up to turn j, then plays alt there
+                specs.append(EpisodeSpec(spec.task_id, spec.seed, greedy=True, parent=traj, replay_turns=j, reply=alt))
                 turns.append(j)
         if not specs:
             break

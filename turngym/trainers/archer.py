@@ -47,6 +47,7 @@ with is shared with the critic-free family (``turngym.trainers.actor``).
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window
 from turngym.trainers.distributed import DistContext
-from turngym.trainers.sequences import PackedBatch, pack_batch
+from turngym.trainers.sequences import PackedBatch, pack_batch, pack_records
 from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
 from turngym.types import Trajectory, Turn
 
@@ -467,7 +468,7 @@ class ArcherTrainer(OnlineTrainer):
         """``(N, H)`` phi(s, a') (or its window) of one fresh action a' ~ pi(s) per flat turn, sampled from
         the turn's recorded prompt ids and encoded like the recorded actions (V's target in ``td_loss``)."""
         cfg = self.cfg
-        prompts = [trajs[ti].turns[k].prompt_ids for ti, k in batch.turn_refs]
+        prompts = [trajs[ti].prompt_ids(k) for ti, k in batch.turn_refs]
         sampling = cfg.sampling(self.iteration)
         sampling.seed = self.ctx.rank_seed(sampling.seed) + 0x5EED  # not the collection's own samples
         gens = []
@@ -477,11 +478,11 @@ class ArcherTrainer(OnlineTrainer):
                 gens += self.policy.generate(chunk, sampling, [self._stops] * len(chunk), None,
                                              [k for _, k in batch.turn_refs[i : i + cfg.num_envs]])[0]
         dec = self.policy.tokenizer.decode
-        turns = [Turn(dec(g.action_ids, skip_special_tokens=True), prompt_ids=list(p),
-                      action_ids=list(g.action_ids) or [self.policy.pad_id]) for p, g in zip(prompts, gens)]
-        if self._hidden:  # one sequence per state: its prompt, then a'
-            fbatch = pack_batch([Trajectory(trajs[ti].task_id, turns=[t]) for (ti, _), t in zip(batch.turn_refs, turns)],
-                                self.policy.pad_id)
+        turns = [Turn(dec(g.action_ids, skip_special_tokens=True)) for g in gens]
+        if self._hidden:  # one sequence per state: a branch of the record, its prompt then a'
+            branches = [trajs[ti].record.branch(trajs[ti].turns[k].span[0], list(g.action_ids) or [self.policy.pad_id])
+                        for (ti, k), g in zip(batch.turn_refs, gens)]
+            fbatch = pack_records([(rec, [(0, span)]) for rec, span in branches], self.policy.pad_id)
             return self._features(fbatch, reference_pass(self.ref, fbatch, True, cfg.autocast, self._hidden_layer)[1], [])[1]
         fresh = [Trajectory(trajs[ti].task_id, turns=[*trajs[ti].turns[:k], t], initial_observation=trajs[ti].initial_observation)
                  for (ti, k), t in zip(batch.turn_refs, turns)]
@@ -562,6 +563,6 @@ def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s
 
 def _check_tokens(trajs: list[Trajectory]) -> None:
     for t in trajs:
-        for turn in t.turns:
-            if turn.action_ids and len(turn.action_logprobs) != len(turn.action_ids):
+        for k in range(len(t.turns)):
+            if any(math.isnan(x) for x in t.action_logprobs(k)):
                 raise ValueError("a turn has action ids but no recorded log-probs; train with a policy that records them")

@@ -1,10 +1,10 @@
 """SFT warm start on expert trajectories (TextWorld walkthroughs, gold queries, ...).
 
 Experts are the envs' own oracles played through the normal rollout, so the demonstrations are
-ordinary Trajectories whose actions are written in the env's tool format. They are tokenized by
-replaying them through the policy's chat renderer (``turngym.agents.chat``): the exact,
-incremental token layout the policy later samples in during RL, with loss on the assistant
-tokens only.
+ordinary Trajectories whose actions are written in the env's tool format. Their replies are
+recorded by the policy's chat renderer while they are played (``agents.scripted.Demonstrator``):
+the exact, incremental token layout the policy later samples in during RL, in the same episode
+record, with loss on the assistant tokens only.
 
 Why our own loop and not TRL's ``SFTTrainer``: its assistant-only loss needs ``{% generation %}``
 markers in the chat template, and it tokenizes each conversation in one go. Neither matches the
@@ -23,14 +23,13 @@ from typing import Any, Callable
 
 import torch
 
-from turngym.agents.base import Conversation
-from turngym.agents.scripted import OracleAgent
+from turngym.agents.scripted import Demonstrator, OracleAgent
 from turngym.config import knob
 from turngym.rollout import env_info, episode_specs, make_env_factory, rollout
 from turngym.trainers.actor import autocast, prepare_trainable
 from turngym.trainers.logger import advance_bar, progress_bar
 from turngym.trainers.sequences import pack_batch, score
-from turngym.types import Message, Trajectory, Turn
+from turngym.types import Trajectory
 
 
 @dataclass
@@ -56,32 +55,16 @@ class SFTConfig:
             raise ValueError(f"time_budget_s must be >= 0, got {self.time_budget_s}")
 
 
-def expert_trajectories(env_id: str, episodes: int, env_kwargs: dict | None = None, seed: int = 0) -> list[Trajectory]:
-    """Play the env's oracle on its (training) tasks; only successful episodes are kept."""
+def expert_trajectories(env_id: str, episodes: int, env_kwargs: dict | None = None, seed: int = 0,
+                        policy: Any = None) -> list[Trajectory]:
+    """Play the env's oracle on its (training) tasks; only successful episodes are kept. With
+    ``policy`` (an ``HFPolicy``), the oracle's replies are recorded as the policy's tokens while
+    they are played (``Demonstrator``): the trajectories carry the record the policy trains on."""
     kwargs = {**(env_kwargs or {}), "scripted_hints": True}
     task_ids = list(env_info(env_id, **kwargs).task_ids)
-    trajs = rollout(OracleAgent(), make_env_factory(env_id, **kwargs), episode_specs(task_ids, episodes, seed), progress=False)
+    agent = OracleAgent() if policy is None else Demonstrator(OracleAgent(), policy.chat)
+    trajs = rollout(agent, make_env_factory(env_id, **kwargs), episode_specs(task_ids, episodes, seed), progress=False)
     return [t for t in trajs if t.success]
-
-
-def tokenize_expert(policy: Any, traj: Trajectory, tools: list, tool_format: str) -> Trajectory:
-    """Give an expert trajectory the token ids the policy would have: prompts through the policy's
-    chat renderer, actions as the expert's text plus the template's end-of-turn token."""
-    chat = policy.chat
-    end = chat.encode(chat.turn_end)[:1]
-    end = end if end and end[0] in chat.end_token_ids else sorted(chat.end_token_ids)[:1]
-    conv = Conversation(list(traj.initial_observation), list(tools), tool_format)
-    turns = []
-    for turn in traj.turns:
-        prompt = chat.prompt_ids(conv)
-        action = chat.encode(turn.action_text) + end
-        chat.record(conv, action)
-        conv.messages.append(Message("assistant", turn.action_text))
-        conv.messages.extend(turn.observation)
-        turns.append(Turn(turn.action_text, list(turn.tool_calls), list(turn.observation), turn.reward, dict(turn.info),
-                          prompt_ids=prompt, action_ids=action, action_logprobs=[0.0] * len(action)))
-    return Trajectory(traj.task_id, turns, traj.outcome, traj.terminated, traj.truncated, dict(traj.metadata),
-                      list(traj.initial_observation))
 
 
 def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: dict | None = None,
@@ -123,17 +106,16 @@ def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | No
 
 def expert_data(policy: Any, env_id: str, episodes: int, env_kwargs: dict | None = None,
                 seed: int = 0) -> list[Trajectory]:
-    """The oracle's successful episodes on the first ``episodes`` tasks (``expert_trajectories``),
-    tokenized for ``policy`` (``tokenize_expert``): the SFT stage's data.
+    """The oracle's successful episodes on the first ``episodes`` tasks, recorded as ``policy``'s
+    tokens (``expert_trajectories``): the SFT stage's data.
 
     Raises:
         RuntimeError: the oracle solved none of them.
     """
-    info = env_info(env_id, **(env_kwargs or {}))
-    experts = expert_trajectories(env_id, episodes, env_kwargs, seed)
+    experts = expert_trajectories(env_id, episodes, env_kwargs, seed, policy=policy)
     if not experts:
         raise RuntimeError(f"the oracle of {env_id} solved no episode; nothing to imitate")
-    return [tokenize_expert(policy, t, list(info.tools), info.tool_format) for t in experts]
+    return experts
 
 
 def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progress: bool,

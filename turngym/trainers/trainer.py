@@ -236,7 +236,7 @@ def env_factory(env_id: str, env_kwargs: dict, cfg: OnlineConfig):
 def rollout_metrics(trajs: list[Trajectory], dt: float) -> dict[str, float]:
     """Success, return, length, invalid-action rate and speed of a batch of episodes."""
     turns = sum(len(t.turns) for t in trajs)
-    tokens = sum(len(x.action_ids) for t in trajs for x in t.turns)
+    tokens = sum(x.num_tokens for t in trajs for x in t.turns)
     invalid = sum(1 for t in trajs for x in t.turns if not x.action_valid)
     return {
         "rollout/success": sum(t.success for t in trajs) / len(trajs),
