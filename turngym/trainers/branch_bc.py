@@ -36,7 +36,7 @@ import torch
 from turngym.config import knob
 from turngym.rewards.format import action_status
 from turngym.rollout import EpisodeSpec, env_info
-from turngym.rollout.branching import branch_search
+from turngym.rollout.branching import BRANCH_BY, branch_search
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update
 from turngym.trainers.distributed import DistContext
@@ -55,6 +55,8 @@ class BranchBCConfig(OnlineConfig):
                                  "visited state and the ones before it")
     branch_width: int = knob(3, "alternative replies tried at each branch point (the policy's runner-ups)")
     branch_depth: int = knob(2, "search levels: failed branches are branched again after their branch turn")
+    branch_by: str = knob("state_key", "how a branch point sees a return to an earlier state: observation (what the "
+                                       "agent was shown) | state_key (the env's privileged world-state key)")
     clone_greedy: bool = knob(False, "remember the screen's greedy successes too (else only what the search found)")
     memory: bool = knob(True, "keep each task's best success across iterations and clone all of them every "
                               "iteration (False: only this iteration's)")
@@ -66,6 +68,8 @@ class BranchBCConfig(OnlineConfig):
         super().__post_init__()
         if self.pg_loss != "nll":
             raise ValueError("branch_bc clones its episodes with the NLL loss: pg_loss must be nll")
+        if self.branch_by not in BRANCH_BY:
+            raise ValueError(f"branch_by must be one of {BRANCH_BY}, got {self.branch_by!r}")
         if min(self.branch_points, self.branch_width, self.branch_depth) < 1:
             raise ValueError("branch_points, branch_width and branch_depth must be >= 1")
         if self.expert_replay < 0:
@@ -103,7 +107,8 @@ class BranchBCTrainer(OnlineTrainer):
     def _setup_extra(self) -> None:
         self.stops = list(env_info(self.env_id, **self.env_kwargs).stop_strings)
         if self.cfg.expert_replay:
-            self.experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed)
+            self.experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed,
+                                   self.cfg.demo_seed)
 
     def pick_tasks(self) -> list[str]:
         """This iteration's screen: unsolved tasks first (no remembered success, and greedy play
@@ -126,7 +131,7 @@ class BranchBCTrainer(OnlineTrainer):
         found = branch_search(self.policy, env_factory(self.env_id, self.env_kwargs, cfg), list(zip(specs, roots)),
                               stops=self.stops, points=cfg.branch_points, width=cfg.branch_width,
                               depth=cfg.branch_depth, max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs,
-                              workers=cfg.env_workers, pools=self.pools)
+                              workers=cfg.env_workers, pools=self.pools, by=cfg.branch_by)
         failed = {r.task_id for r in roots if not r.success}
         solved = {t.task_id for t in found if t.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(found)),

@@ -45,6 +45,8 @@ class SFTConfig:
     trainable: str = knob("all", "all | top:K | lora (adapters are merged back after SFT)")
     autocast: str = knob("auto", "auto | bf16 | none: mixed precision for the forwards (see OnlineConfig)")
     seed: int = knob(0, "seeds the expert episodes and the data order")
+    demo_seed: int = knob(-1, "which training tasks the demonstrations come from: -1 = the first `episodes` tasks; "
+                              "k >= 0 = `episodes` tasks drawn with seed k (protocol seeds see different demonstrations)")
     time_budget_s: float = knob(0.0, "stop after the optimizer step whose training seconds (the update loop, "
                                      "without making the expert data or on_step's work) reach this; 0 = no limit")
 
@@ -55,13 +57,23 @@ class SFTConfig:
             raise ValueError(f"time_budget_s must be >= 0, got {self.time_budget_s}")
 
 
+def demo_task_ids(task_ids: list[str], episodes: int, demo_seed: int = -1) -> list[str]:
+    """The tasks demonstrations are played on: the first ``episodes`` (``demo_seed`` -1), or
+    ``episodes`` drawn without replacement by ``demo_seed`` (cycling when there are fewer tasks)."""
+    if demo_seed < 0:
+        return list(task_ids)
+    order = list(task_ids)
+    random.Random(demo_seed).shuffle(order)
+    return order[: max(1, min(episodes, len(order)))]
+
+
 def expert_trajectories(env_id: str, episodes: int, env_kwargs: dict | None = None, seed: int = 0,
-                        policy: Any = None) -> list[Trajectory]:
-    """Play the env's oracle on its (training) tasks; only successful episodes are kept. With
-    ``policy`` (an ``HFPolicy``), the oracle's replies are recorded as the policy's tokens while
-    they are played (``Demonstrator``): the trajectories carry the record the policy trains on."""
+                        demo_seed: int = -1, policy: Any = None) -> list[Trajectory]:
+    """Play the env's oracle on its (training) tasks (``demo_task_ids``); only successful episodes
+    are kept. With ``policy`` (an ``HFPolicy``), the oracle's replies are recorded as the policy's
+    tokens while they are played (``Demonstrator``): the trajectories carry the record it trains on."""
     kwargs = {**(env_kwargs or {}), "scripted_hints": True}
-    task_ids = list(env_info(env_id, **kwargs).task_ids)
+    task_ids = demo_task_ids(list(env_info(env_id, **kwargs).task_ids), episodes, demo_seed)
     agent = OracleAgent() if policy is None else Demonstrator(OracleAgent(), policy.chat)
     trajs = rollout(agent, make_env_factory(env_id, **kwargs), episode_specs(task_ids, episodes, seed), progress=False)
     return [t for t in trajs if t.success]
@@ -101,18 +113,18 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
 
 def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | None) -> list[Trajectory]:
     torch.manual_seed(cfg.seed)  # e.g. LoRA's initialisation: a resumed pipeline must redo SFT identically
-    return expert_data(policy, env_id, cfg.episodes, env_kwargs, cfg.seed)
+    return expert_data(policy, env_id, cfg.episodes, env_kwargs, cfg.seed, cfg.demo_seed)
 
 
 def expert_data(policy: Any, env_id: str, episodes: int, env_kwargs: dict | None = None,
-                seed: int = 0) -> list[Trajectory]:
-    """The oracle's successful episodes on the first ``episodes`` tasks, recorded as ``policy``'s
+                seed: int = 0, demo_seed: int = -1) -> list[Trajectory]:
+    """The oracle's successful episodes on ``episodes`` training tasks, recorded as ``policy``'s
     tokens (``expert_trajectories``): the SFT stage's data.
 
     Raises:
         RuntimeError: the oracle solved none of them.
     """
-    experts = expert_trajectories(env_id, episodes, env_kwargs, seed, policy=policy)
+    experts = expert_trajectories(env_id, episodes, env_kwargs, seed, demo_seed, policy=policy)
     if not experts:
         raise RuntimeError(f"the oracle of {env_id} solved no episode; nothing to imitate")
     return experts
