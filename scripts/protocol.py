@@ -35,7 +35,7 @@ import torch
 from turngym.bench.protocol import (compare_arms, held_out_eval, markdown_report, plot_curves, release_memory,
                                     steps_to_target, task_groups)
 from turngym.config import apply_overrides, load_yaml
-from turngym.rollout import EnvPools
+from turngym.rollout import Collector
 from turngym.train import TrainConfig, load_policy, rl_section, run
 from turngym.trainers.sft import sft
 
@@ -97,7 +97,7 @@ class Protocol:
         self.temperature = rl.temperature if args.temperature is None else args.temperature
         self.held_out = _split(self.base.env_kwargs, self.base.eval.split)
         self.groups = task_groups(self.base.env_id, self.held_out)
-        self.pools = EnvPools()  # the held-out envs stay open across every evaluation of this process
+        self.collector = Collector(None)  # the held-out envs stay open across every evaluation of this process
 
     # ----- configs and evaluation ------------------------------------------------------------
     def config(self, arm: Arm, seed: int, rl_iterations: int | None = None) -> TrainConfig:
@@ -114,7 +114,7 @@ class Protocol:
         a = self.args
         rec = held_out_eval(policy, cfg.env_id, self.held_out, games=a.games, samples=a.samples,
                             temperature=self.temperature, max_new_tokens=cfg.eval.max_new_tokens,
-                            num_envs=cfg.eval.num_envs, groups=self.groups, pools=self.pools)
+                            num_envs=cfg.eval.num_envs, groups=self.groups, collector=self.collector)
         temp = "" if rec["temp_success"] is None else f", T={self.temperature} {rec['temp_success']:.1%}"
         lo, hi = rec["success_ci95"]
         print(f"[protocol] {label}: greedy {rec['success']:.1%} [{lo:.1%}, {hi:.1%}] (n={rec['episodes']}){temp}",
@@ -196,7 +196,7 @@ class Protocol:
 
     # ----- the whole protocol -----------------------------------------------------------------
     def run_all(self) -> dict:
-        with self.pools:
+        with self.collector:
             for seed in self.args.seeds:
                 sft_dir = self.run_sft(seed)
                 release_memory()

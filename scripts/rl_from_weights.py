@@ -21,7 +21,7 @@ import torch
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.config import apply_overrides
-from turngym.rollout import EnvPools
+from turngym.rollout import Collector
 from turngym.train import TRAINERS, TrainConfig, load_policy, rl_section
 
 ENV = "turngym/TextWorld-easy-v0"
@@ -39,15 +39,15 @@ def main(argv: list[str]) -> None:
     policy = load_policy("default")
     policy.model.load_state_dict(torch.load(weights, map_location=policy.device))
     policy.invalidate_caches()
-    with EnvPools() as pools:
+    with Collector(policy, workers=cfg.env_workers) as collector:
         trainer = TRAINERS[section](policy, ENV, cfg, env_kwargs={"tool_format": "xml", "split": "train"}, out_dir=out,
-                            pools=pools)
+                                    collector=collector)
         trainer.train(progress=False, resume=False, on_iteration=lambda t, m: print(
             t.iteration, {k.split("/")[-1]: round(m[k], 3) for k in SHOW if k in m}, flush=True))
         t0 = time.perf_counter()
         r = evaluate(ENV, policy, episodes=128, seed=10_000, env_kwargs={"tool_format": "xml", "split": "test"},
                      sampling=SamplingParams(temperature=0.0, max_new_tokens=16, seed=0), num_envs=32,
-                     progress=False, distinct=True, pools=pools)
+                     progress=False, distinct=True, collector=collector)
     r.save(f"{out}/eval_final.json")
     print(f"held-out greedy {r.summary['success']:.3f}, invalid {r.summary['invalid_action_rate']:.3f}, "
           f"eval {time.perf_counter() - t0:.0f} s, train {trainer.train_seconds:.0f} s, {trainer.env_steps} env steps")

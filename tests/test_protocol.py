@@ -238,7 +238,8 @@ def test_release_memory_gives_freed_heap_pages_back():
 
 def test_demo_seeds_choose_different_training_tasks_and_the_rl_stage_must_agree():
     from turngym.train import TrainConfig
-    from turngym.trainers.sft import SFTConfig, demo_task_ids
+    from turngym.rollout.schedule import demo_task_ids
+    from turngym.trainers.sft import SFTConfig
 
     tasks = [f"t{i}" for i in range(64)]
     assert demo_task_ids(tasks, 8) == tasks  # -1: the first tasks, cycled by episode_specs

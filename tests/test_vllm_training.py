@@ -90,7 +90,7 @@ def test_each_collection_samples_from_that_iterations_weights(tiny_tokenizer, tm
 
     trainer = Recording(policy, ENV, _engine_cfg(), out_dir=tmp_path)
     trainer.train(progress=False)
-    assert trainer.rollouts is None  # the engine it started is shut down
+    assert trainer.collector.engine is None  # the engine it started is shut down
 
     scorer = HFPolicy(build_tiny32(tiny_tokenizer), tiny_tokenizer)
 
@@ -116,7 +116,7 @@ def test_each_collection_samples_from_that_iterations_weights(tiny_tokenizer, tm
 @needs_engine
 def test_turngym_train_plays_training_and_evaluations_on_one_synced_engine(tiny_tokenizer, tmp_path, monkeypatch):
     from turngym.train import TrainConfig, run
-    from turngym.trainers import rollout_engine
+    from turngym.rollout import engine as rollout_engine
 
     folder = tmp_path / "tiny32"
     build_tiny32(tiny_tokenizer).save_pretrained(folder)

@@ -28,7 +28,7 @@ from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.bench.metrics import bootstrap_diff
 from turngym.config import apply_overrides, describe, knob, load_yaml
-from turngym.rollout import EnvPools
+from turngym.rollout import Collector
 from turngym.trainers.actor import loss_kind
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
 from turngym.trainers.branch_bc import BranchBCConfig, BranchBCTrainer
@@ -174,12 +174,12 @@ def save_final_model(policy: Any, path: Path, state_dict: dict | None = None) ->
     return path
 
 
-def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str, pools: EnvPools | None = None) -> dict:
+def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str, collector: Collector | None = None) -> dict:
     policy.invalidate_caches()
     res = evaluate(cfg.env_id, policy, agent_name=f"{cfg.model}@{tag}", episodes=cfg.eval.episodes,
                    seed=10_000 + cfg.seed, env_kwargs=_with_split(cfg.env_kwargs, cfg.eval.split),
                    sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed),
-                   num_envs=cfg.eval.num_envs, progress=False, distinct=True, pools=pools)
+                   num_envs=cfg.eval.num_envs, progress=False, distinct=True, collector=collector)
     res.save(Path(cfg.output_dir) / f"eval_{tag}.json")
     # every stage plays the same held-out (task, seed) list in the same order: outcomes pair up
     return {**res.summary, "per_episode_success": [float(t.success) for t in res.trajectories]}
@@ -266,29 +266,16 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     # auto decided once, so the trainer and the evaluations agree on the engine
     section, rl_cfg = rl_section(cfg)
     rl_cfg = resolve_rollout_engine(rl_cfg, ctx.enabled)
-    rollouts = None  # rollout_engine=vllm: one engine for the trainer's collection and every evaluation
-    pools = EnvPools()  # envs stay open from one evaluation (and collection) to the next
-    evaluator = evaluator or functools.partial(evaluate_policy, pools=pools)
-
-    def engine() -> Any:
-        nonlocal rollouts
-        if rollouts is None:
-            from turngym.trainers.rollout_engine import VLLMRollouts
-
-            rollouts = VLLMRollouts(policy, rl_cfg.vllm)
-        return rollouts
-
-    def generator() -> Any:
-        """Who plays: the policy itself, or the vLLM engine synced with its current weights."""
-        if rl_cfg.rollout_engine != "vllm":
-            return policy
-        engine().sync(policy.model)
-        return rollouts.policy
+    # one Collector for the run: envs stay open from one evaluation (and collection) to the next, and
+    # with rollout_engine=vllm one engine generates the trainer's collection and every evaluation
+    collector = Collector(policy, engine=rl_cfg.rollout_engine, vllm=rl_cfg.vllm, workers=rl_cfg.env_workers, ctx=ctx)
+    evaluator = evaluator or functools.partial(evaluate_policy, collector=collector)
 
     def held_out(tag: str) -> None:
-        """Evaluate on rank 0 (the others wait) and record the stage."""
+        """Evaluate on rank 0 (the others wait) and record the stage, with the engine that generates
+        (the policy itself, or the vLLM engine synced with its current weights)."""
         if main:
-            stages.finish(f"eval_{tag}", evaluator(generator(), cfg, tag))
+            stages.finish(f"eval_{tag}", evaluator(collector.generator(), cfg, tag))
         ctx.barrier()
         stages.reload()
 
@@ -299,7 +286,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     sft_weights = out / "sft_model.pt"
     if cfg.sft.enabled:
         if not stages.done("sft"):
-            result = sft(policy, cfg.env_id, cfg.sft, env_kwargs=train_kwargs, progress=progress and main)
+            result = sft(policy, cfg.env_id, cfg.sft, env_kwargs=train_kwargs, progress=progress and main,
+                         collector=collector)
             if main:
                 tmp = sft_weights.with_name(sft_weights.name + ".tmp")
                 torch.save(policy.model.state_dict(), tmp)
@@ -318,8 +306,7 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
         # stage) it only reloads the trained weights, for the final model and evaluation.
         trainer_cls = TRAINERS[section]
         trainer = trainer_cls(policy, cfg.env_id, rl_cfg, env_kwargs=train_kwargs, out_dir=out / cfg.algo, ctx=ctx,
-                              rollouts=engine() if rl_cfg.rollout_engine == "vllm" else None,  # it syncs each collection
-                              pools=pools)
+                              collector=collector)
         logger = None
         if main:
             logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=has_checkpoint(out / cfg.algo / "checkpoint"))
@@ -337,9 +324,7 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     if rl_cfg.iterations > 0:
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
 
-    pools.close()
-    if rollouts is not None:
-        rollouts.close()
+    collector.close()
     summary = {
         "env_id": cfg.env_id, "model": cfg.model, "algo": cfg.algo, "held_out_split": cfg.eval.split,
         "held_out_episodes": cfg.eval.episodes,

@@ -20,7 +20,7 @@ import numpy as np
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.bench.metrics import cluster_bootstrap_diff, paired_comparison, seed_t_interval, wilson_interval
-from turngym.rollout import EnvPools, envinfo
+from turngym.rollout import Collector, envinfo
 
 BASELINES = ("sft", "sft_continued")
 
@@ -51,7 +51,7 @@ def task_groups(env_id: str, env_kwargs: dict) -> dict[str, str]:
 
 def held_out_eval(policy: Any, env_id: str, env_kwargs: dict, *, games: int, samples: int, temperature: float,
                   max_new_tokens: int, num_envs: int = 16, seed: int = 10_000,
-                  groups: dict[str, str] | None = None, pools: EnvPools | None = None) -> dict:
+                  groups: dict[str, str] | None = None, collector: Collector | None = None) -> dict:
     """Play the held-out list greedily and ``samples`` times at ``temperature``.
 
     Args:
@@ -65,7 +65,7 @@ def held_out_eval(policy: Any, env_id: str, env_kwargs: dict, *, games: int, sam
         num_envs: Episodes in flight.
         seed: Reset seed of the first game: the same for every arm and seed.
         groups: Task id -> report group (default: the trajectories' ``task_type``).
-        pools: Envs kept open across evaluations (see ``turngym.rollout.EnvPools``).
+        collector: The process's ``Collector``: envs kept open across evaluations.
 
     Returns:
         A record with ``evaluate_policy``'s keys (greedy ``success``, ``success_ci95``, ``episodes``,
@@ -77,7 +77,7 @@ def held_out_eval(policy: Any, env_id: str, env_kwargs: dict, *, games: int, sam
         policy.invalidate_caches()
         return evaluate(env_id, policy, episodes=games, seed=seed, env_kwargs=env_kwargs, num_envs=num_envs,
                         sampling=SamplingParams(temperature=temp, max_new_tokens=max_new_tokens, seed=sample_seed),
-                        progress=False, distinct=True, pools=pools)
+                        progress=False, distinct=True, collector=collector)
 
     greedy = play(0.0, 0)
     trajs = greedy.trajectories

@@ -105,6 +105,22 @@ def task_groups(env_id: str, **kwargs: Any) -> dict[str, str]:
         return dict(_GROUPS[key])
 
 
+def check_reset(env_id: str, task_id: str, seed: int, **kwargs: Any) -> None:
+    """Reset one task once and close the env: whether the env can run here at all (its data, its
+    sandbox backend, its optional packages). Not cached: a backend can come and go.
+
+    Raises:
+        Whatever making or resetting the env raises.
+    """
+    from turngym.envs.registry import make
+
+    env = make(env_id, **_probe_kwargs(kwargs))
+    try:
+        env.reset(seed=seed, options={"task_id": task_id})
+    finally:
+        env.close()
+
+
 def clear_env_info() -> None:
     """Forget every cached probe (an env whose tasks changed on disk, e.g. newly generated games)."""
     with _LOCK:

@@ -359,12 +359,12 @@ class ArcherTrainer(OnlineTrainer):
 
     def __init__(self, policy: Any, env_id: str, cfg: ArcherConfig | None = None, *,
                  env_kwargs: dict | None = None, out_dir: str | Path = "runs/archer", ctx: DistContext | None = None,
-                 rollouts: Any = None, pools: Any = None) -> None:
+                 collector: Any = None) -> None:
         cfg = cfg or ArcherConfig()
         if cfg.expert_labels:  # the env marks steps that match its oracle (critic/auc_expert)
             env_kwargs = {"expert_labels": True, **(env_kwargs or {})}
         super().__init__(policy, env_id, cfg, env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx,
-                         rollouts=rollouts, pools=pools)
+                         collector=collector)
         self.critic_steps = 0
 
     # ----- setup ---------------------------------------------------------------------------

@@ -35,14 +35,14 @@ import torch
 
 from turngym.config import knob
 from turngym.rewards.format import action_status
-from turngym.rollout import EpisodeSpec, env_info
-from turngym.rollout.branching import BRANCH_BY, branch_search
+from turngym.rollout import EpisodeSpec
+from turngym.rollout.branching import BRANCH_BY
+from turngym.rollout.schedule import run_seed
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.sequences import pack_batch
-from turngym.trainers.sft import expert_data
-from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, env_factory
+from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
 from turngym.types import Trajectory
 
 
@@ -95,9 +95,9 @@ class BranchBCTrainer(OnlineTrainer):
 
     def __init__(self, policy: Any, env_id: str, cfg: BranchBCConfig | None = None, *,
                  env_kwargs: dict | None = None, out_dir: str | Path = "runs/branch_bc", ctx: DistContext | None = None,
-                 rollouts: Any = None, pools: Any = None) -> None:
+                 collector: Any = None) -> None:
         super().__init__(policy, env_id, cfg or BranchBCConfig(), env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx,
-                         rollouts=rollouts, pools=pools)
+                         collector=collector)
         if self.ctx.enabled:
             raise ValueError("branch_bc runs in one process, not under torchrun")
         self.memory: dict[str, Trajectory] = {}
@@ -105,33 +105,30 @@ class BranchBCTrainer(OnlineTrainer):
         self.experts: list[Trajectory] = []
 
     def _setup_extra(self) -> None:
-        self.stops = list(env_info(self.env_id, **self.env_kwargs).stop_strings)
         if self.cfg.expert_replay:
-            self.experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed,
-                                   self.cfg.demo_seed)
+            self.experts = self.collector.demonstrations(self.env, self.cfg.expert_replay, self.cfg.seed, self.cfg.demo_seed)
 
     def pick_tasks(self) -> list[str]:
         """This iteration's screen: unsolved tasks first (no remembered success, and greedy play
         failed or never tried), then the ones screened longest ago; ties in a seeded order that
         changes every iteration."""
         order = {t: i for i, t in enumerate(_shuffled(self.task_ids, self.cfg.seed, self.iteration))}
-        solved = lambda t: t in self.memory or self.greedy_outcomes.get(t, False)
+        solved = lambda t: t in self.memory or self.tasks.greedy_outcomes.get(t, False)
         ranked = sorted(self.task_ids, key=lambda t: (solved(t), self.screened.get(t, -1), order[t]))
         return ranked[: self.cfg.episodes_per_iter]
 
     def step(self) -> dict[str, float]:
         cfg = self.cfg
         # 1. screen: one greedy episode per task (reset seeds fixed per task, so a replay is exact)
-        specs = [EpisodeSpec(t, cfg.seed * 1_000_003 + self.task_ids.index(t), greedy=True) for t in self.pick_tasks()]
+        specs = [EpisodeSpec(t, run_seed(cfg.seed, self.task_ids.index(t)), greedy=True) for t in self.pick_tasks()]
         roots, metrics = self.collect(specs)
         self.screened.update({s.task_id: self.iteration for s in specs})
-        self.greedy_outcomes.update({r.task_id: bool(r.success) for r in roots})
+        self.tasks.record_screen(roots)
         # 2. search from the failed ones
         t0 = time.perf_counter()
-        found = branch_search(self.policy, env_factory(self.env_id, self.env_kwargs, cfg), list(zip(specs, roots)),
-                              stops=self.stops, points=cfg.branch_points, width=cfg.branch_width,
-                              depth=cfg.branch_depth, max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs,
-                              workers=cfg.env_workers, pools=self.pools, by=cfg.branch_by)
+        found = self.collector.branch_search(self.env, list(zip(specs, roots)), points=cfg.branch_points,
+                                             width=cfg.branch_width, depth=cfg.branch_depth,
+                                             max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, by=cfg.branch_by)
         failed = {r.task_id for r in roots if not r.success}
         solved = {t.task_id for t in found if t.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(found)),
@@ -165,5 +162,5 @@ class BranchBCTrainer(OnlineTrainer):
 
 def _shuffled(items: list[str], seed: int, iteration: int) -> list[str]:
     out = list(items)
-    random.Random(seed * 1_000_003 + iteration).shuffle(out)
+    random.Random(run_seed(seed, iteration)).shuffle(out)
     return out

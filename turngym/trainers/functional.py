@@ -143,14 +143,6 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, next_values: tor
     return out
 
 
-def contrast_weight(successes: int, episodes: int) -> float:
-    """How likely a task's next group is to hold both outcomes: ``p (1 - p)`` with ``p`` its success
-    rate smoothed by Laplace's rule, ``(successes + 1) / (episodes + 2)``. An unseen task gets the
-    maximum, 1/4; a task its last group always won (or always lost) gets less, never 0."""
-    p = (successes + 1) / (episodes + 2)
-    return p * (1 - p)
-
-
 def center(x: torch.Tensor) -> torch.Tensor:
     """``x - mean(x)`` over the batch (no std scaling), shape kept; a single element is left as is."""
     return x - x.mean() if x.numel() > 1 else x

@@ -36,7 +36,6 @@ from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, loss_kind, reference_pass
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.sequences import pack_batch
-from turngym.trainers.sft import expert_data
 from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
 from turngym.types import Trajectory
 
@@ -119,16 +118,15 @@ class PGTrainer(OnlineTrainer):
 
     def __init__(self, policy: Any, env_id: str, cfg: PGConfig | None = None, *,
                  env_kwargs: dict | None = None, out_dir: str | Path = "runs/pg", ctx: DistContext | None = None,
-                 rollouts: Any = None, pools: Any = None) -> None:
+                 collector: Any = None) -> None:
         super().__init__(policy, env_id, cfg or PGConfig(), env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx,
-                         rollouts=rollouts, pools=pools)
+                         collector=collector)
         self.name = self.cfg.algo
         self.experts: list[Trajectory] = []
 
     def _setup_extra(self) -> None:
         if self.cfg.expert_replay:
-            experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed,
-                                   self.cfg.demo_seed)
+            experts = self.collector.demonstrations(self.env, self.cfg.expert_replay, self.cfg.seed, self.cfg.demo_seed)
             # each rank replays its share: gradients are averaged over ranks, so a full copy on every
             # rank would weigh the demonstrations world_size times against the clones
             self.experts = experts[self.ctx.rank :: self.ctx.world_size]

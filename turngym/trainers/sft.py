@@ -1,8 +1,8 @@
 """SFT warm start on expert trajectories (TextWorld walkthroughs, gold queries, ...).
 
-Experts are the envs' own oracles played through the normal rollout, so the demonstrations are
-ordinary Trajectories whose actions are written in the env's tool format. Their replies are
-recorded by the policy's chat renderer while they are played (``agents.scripted.Demonstrator``):
+Experts are the envs' own oracles played through the normal rollout (``Collector.demonstrations``),
+so the demonstrations are ordinary Trajectories whose actions are written in the env's tool format.
+Their replies are recorded by the policy's chat renderer while they are played (``agents.scripted.Demonstrator``):
 the exact, incremental token layout the policy later samples in during RL, in the same episode
 record, with loss on the assistant tokens only.
 
@@ -23,9 +23,8 @@ from typing import Any, Callable
 
 import torch
 
-from turngym.agents.scripted import Demonstrator, OracleAgent
 from turngym.config import knob
-from turngym.rollout import env_info, episode_specs, make_env_factory, rollout
+from turngym.rollout import Collector, EnvTarget
 from turngym.trainers.actor import autocast, prepare_trainable
 from turngym.trainers.logger import advance_bar, progress_bar
 from turngym.trainers.sequences import pack_batch, score
@@ -57,30 +56,9 @@ class SFTConfig:
             raise ValueError(f"time_budget_s must be >= 0, got {self.time_budget_s}")
 
 
-def demo_task_ids(task_ids: list[str], episodes: int, demo_seed: int = -1) -> list[str]:
-    """The tasks demonstrations are played on: the first ``episodes`` (``demo_seed`` -1), or
-    ``episodes`` drawn without replacement by ``demo_seed`` (cycling when there are fewer tasks)."""
-    if demo_seed < 0:
-        return list(task_ids)
-    order = list(task_ids)
-    random.Random(demo_seed).shuffle(order)
-    return order[: max(1, min(episodes, len(order)))]
-
-
-def expert_trajectories(env_id: str, episodes: int, env_kwargs: dict | None = None, seed: int = 0,
-                        demo_seed: int = -1, policy: Any = None) -> list[Trajectory]:
-    """Play the env's oracle on its (training) tasks (``demo_task_ids``); only successful episodes
-    are kept. With ``policy`` (an ``HFPolicy``), the oracle's replies are recorded as the policy's
-    tokens while they are played (``Demonstrator``): the trajectories carry the record it trains on."""
-    kwargs = {**(env_kwargs or {}), "scripted_hints": True}
-    task_ids = demo_task_ids(list(env_info(env_id, **kwargs).task_ids), episodes, demo_seed)
-    agent = OracleAgent() if policy is None else Demonstrator(OracleAgent(), policy.chat)
-    trajs = rollout(agent, make_env_factory(env_id, **kwargs), episode_specs(task_ids, episodes, seed), progress=False)
-    return [t for t in trajs if t.success]
-
-
 def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: dict | None = None,
-        logger: Any = None, progress: bool = True, on_step: Callable[[dict], None] | None = None) -> dict[str, float]:
+        logger: Any = None, progress: bool = True, on_step: Callable[[dict], None] | None = None,
+        collector: Collector | None = None) -> dict[str, float]:
     """Warm-start ``policy.model`` in place on ``env_id``'s expert trajectories.
 
     Args:
@@ -92,6 +70,7 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
         progress: Show a progress bar.
         on_step: Called as ``on_step(metrics)`` after each optimizer step (``sft/step``,
             ``sft/loss``, ``sft/train_seconds``), in eval mode; its time is not training time.
+        collector: Plays the demonstrations (default: one of its own, closed after).
 
     Returns:
         Final metrics: ``sft/loss`` (last epoch's mean NLL per token), ``sft/episodes``, ``sft/seconds``,
@@ -99,7 +78,7 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
     """
     cfg = cfg or SFTConfig()
     t0 = time.perf_counter()
-    data = _expert_data(policy, env_id, cfg, env_kwargs)
+    data = _expert_data(policy, env_id, cfg, env_kwargs, collector)
     model = policy.model = prepare_trainable(policy.model, cfg.trainable)
     metrics = _fit(policy, data, cfg, logger, progress, on_step)
     model.eval()
@@ -111,23 +90,16 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
     return {**metrics, "sft/episodes": len(data), "sft/seconds": time.perf_counter() - t0}
 
 
-def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | None) -> list[Trajectory]:
+def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | None,
+                 collector: Collector | None) -> list[Trajectory]:
+    """The oracle's episodes on the training tasks, recorded as the policy's tokens
+    (``Collector.demonstrations``)."""
     torch.manual_seed(cfg.seed)  # e.g. LoRA's initialisation: a resumed pipeline must redo SFT identically
-    return expert_data(policy, env_id, cfg.episodes, env_kwargs, cfg.seed, cfg.demo_seed)
-
-
-def expert_data(policy: Any, env_id: str, episodes: int, env_kwargs: dict | None = None,
-                seed: int = 0, demo_seed: int = -1) -> list[Trajectory]:
-    """The oracle's successful episodes on ``episodes`` training tasks, recorded as ``policy``'s
-    tokens (``expert_trajectories``): the SFT stage's data.
-
-    Raises:
-        RuntimeError: the oracle solved none of them.
-    """
-    experts = expert_trajectories(env_id, episodes, env_kwargs, seed, demo_seed, policy=policy)
-    if not experts:
-        raise RuntimeError(f"the oracle of {env_id} solved no episode; nothing to imitate")
-    return experts
+    env = EnvTarget(env_id, dict(env_kwargs or {}))
+    if collector is not None:
+        return collector.demonstrations(env, cfg.episodes, cfg.seed, cfg.demo_seed)
+    with Collector(policy) as own:
+        return own.demonstrations(env, cfg.episodes, cfg.seed, cfg.demo_seed)
 
 
 def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progress: bool,
