@@ -22,7 +22,8 @@ from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.config import apply_overrides
 from turngym.rollout import Collector
-from turngym.train import TRAINERS, TrainConfig, load_policy, rl_section
+from turngym.train import TrainConfig, load_policy, rl_section
+from turngym.trainers.registry import get_algorithm
 
 ENV = "turngym/TextWorld-easy-v0"
 SHOW = ("rollout/success", "rollout/invalid_rate", "pg/episodes_trained", "screen/greedy_success",
@@ -40,7 +41,7 @@ def main(argv: list[str]) -> None:
     policy.model.load_state_dict(torch.load(weights, map_location=policy.device))
     policy.invalidate_caches()
     with Collector(policy, workers=cfg.env_workers) as collector:
-        trainer = TRAINERS[section](policy, ENV, cfg, env_kwargs={"tool_format": "xml", "split": "train"}, out_dir=out,
+        trainer = get_algorithm(algo).trainer(policy, ENV, cfg, env_kwargs={"tool_format": "xml", "split": "train"}, out_dir=out,
                                     collector=collector)
         trainer.train(progress=False, resume=False, on_iteration=lambda t, m: print(
             t.iteration, {k.split("/")[-1]: round(m[k], 3) for k in SHOW if k in m}, flush=True))

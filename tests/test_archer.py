@@ -192,9 +192,9 @@ def _step_spying(trainer, monkeypatch):
         seen["feats"] = feats
         return advantages(*feats)
 
-    def spy_update(model, opt, batch, token_adv, *rest):
+    def spy_update(model, opt, batch, token_adv, *rest, **kw):
         seen.update(batch=batch, adv=token_adv)
-        return update(model, opt, batch, token_adv, *rest)
+        return update(model, opt, batch, token_adv, *rest, **kw)
 
     monkeypatch.setattr(trainer, "_advantages", spy_advantages)
     monkeypatch.setattr(archer, "actor_update", spy_update)

@@ -224,9 +224,26 @@ def test_branch_bc_remembers_what_the_search_found_trains_and_resumes_exactly(ti
 
 
 def test_branch_bc_config_is_validated():
-    with pytest.raises(ValueError, match="nll"):
-        BranchBCConfig(pg_loss="ppo")
     with pytest.raises(ValueError, match=">= 1"):
         BranchBCConfig(branch_width=0)
-    with pytest.raises(ValueError, match="one process"):
-        BranchBCConfig(async_staleness=0)
+    with pytest.raises(ValueError, match="branch_by"):
+        BranchBCConfig(branch_by="room")
+    with pytest.raises(TypeError):  # its own knobs only: no PPO loss, no sampling temperature
+        BranchBCConfig(pg_loss="ppo")
+
+
+def test_branch_bc_applies_its_kl_guard(tiny_tokenizer, tmp_path):
+    """kl_coef > 0 keeps a frozen copy of the starting policy and pulls the clone update toward it.
+    (Before the likelihood update was shared with SFT, the copy was built and never used.)"""
+    make = lambda: _EveryGuess(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+    params = {}
+    for kl in (0.0, 1.0):
+        trainer = BranchBCTrainer(make(), ENV, _cfg(iterations=1, kl_coef=kl, actor_epochs=3, minibatch_size=1,
+                                                    actor_lr=1e-2), env_kwargs=TEXT, out_dir=tmp_path / str(kl))
+        row = trainer.train(progress=False)[0]
+        params[kl] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        if kl:
+            assert row["actor/kl"] > 0  # the policy moved away from the reference, and the loss saw it
+        else:
+            assert row["actor/kl"] == 0.0
+    assert any(not torch.equal(params[0.0][n], params[1.0][n]) for n in params[0.0])

@@ -14,6 +14,7 @@ from turngym.rollout import Collector, EnvTarget, EpisodeSpec, episode_specs, ma
 from turngym.rollout.schedule import contrast_weight
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, rescore_old_logprobs
+from turngym.trainers.filtered_bc import best_of_group_advantages
 from turngym.trainers.pg import PGConfig, PGTrainer, turn_advantages
 from turngym.trainers.sequences import pack_batch
 from turngym.types import ToolCall, Trajectory, Turn
@@ -29,7 +30,7 @@ def test_equal_group_mask_by_hand():
 def test_best_of_group_clones_only_a_successful_best_episode():
     returns = torch.tensor([[0.5, 0.9, 0.9], [0.0, 0.2, 0.1]])
     success = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # the 2nd group's best failed
-    torch.testing.assert_close(Fn.best_of_group_advantages(returns, success),
+    torch.testing.assert_close(best_of_group_advantages(returns, success),
                                torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))  # first of the tied best
 
 
@@ -39,16 +40,16 @@ def test_best_of_group_prefers_the_shorter_success_and_clones_k():
     success = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     lengths = torch.tensor([[6, 2, 3, 9]])
     # ranking: return first (1.0 ties broken by 3 < 6 turns), then the 0.9 episode
-    assert Fn.best_of_group_advantages(returns, success, lengths).tolist() == [[0.0, 0.0, 1.0, 0.0]]
-    assert Fn.best_of_group_advantages(returns, success, lengths, k=2).tolist() == [[1.0, 0.0, 1.0, 0.0]]
+    assert best_of_group_advantages(returns, success, lengths).tolist() == [[0.0, 0.0, 1.0, 0.0]]
+    assert best_of_group_advantages(returns, success, lengths, k=2).tolist() == [[1.0, 0.0, 1.0, 0.0]]
     # k beyond the successes clones every success, never the failure
-    assert Fn.best_of_group_advantages(returns, success, lengths, k=8).tolist() == [[1.0, 1.0, 1.0, 0.0]]
+    assert best_of_group_advantages(returns, success, lengths, k=8).tolist() == [[1.0, 1.0, 1.0, 0.0]]
 
 
 def test_best_of_group_skips_a_failed_episode_with_a_higher_return():
     returns = torch.tensor([[0.5, 0.2, 0.3]])  # a shaped failure outscores both successes
     success = torch.tensor([[0.0, 1.0, 1.0]])
-    assert Fn.best_of_group_advantages(returns, success).tolist() == [[0.0, 0.0, 1.0]]
+    assert best_of_group_advantages(returns, success).tolist() == [[0.0, 0.0, 1.0]]
 
 
 def test_token_share_by_hand():
@@ -124,7 +125,7 @@ def _update(policy, batch, adv=None, **kw):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     cfg = PGConfig(**{"algo": "reinforce", "episodes_per_iter": 4, "minibatch_size": 4, **kw})
     adv = torch.linspace(-1, 1, batch.old_logprobs.numel()) if adv is None else adv
-    metrics = actor_update(model, opt, batch, adv, None, cfg, torch.Generator().manual_seed(0))
+    metrics = actor_update(model, opt, batch, adv, None, cfg, torch.Generator().manual_seed(0), loss=cfg.loss)
     after = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
         for n, p in model.named_parameters():

@@ -105,8 +105,9 @@ def _next_batch(trainer):
 
 @pytest.mark.parametrize("algo", ["reinforce", "rloo", "grpo", "gigpo"])
 def test_pg_family_smoke(policy, tmp_path, algo):
+    contrast = {} if algo == "reinforce" else {"filter_equal_groups": False}  # update even without contrast
     cfg = PGConfig(algo=algo, iterations=1, episodes_per_iter=4, group_size=2, num_envs=4, max_new_tokens=10,
-                   reward=["env"], minibatch_size=2, filter_equal_groups=False)  # update even without contrast
+                   reward=["env"], minibatch_size=2, **contrast)
     rows = PGTrainer(policy, ENV, cfg, out_dir=tmp_path).train(progress=False)
     assert rows[0]["rollout/env_steps"] > 0 and "adv/mean" in rows[0]
 

@@ -69,7 +69,7 @@ def test_auto_rescores_old_logprobs_when_another_engine_sampled(policy):
 
 def _engine_cfg(**kw) -> PGConfig:
     base = dict(algo="reinforce", iterations=2, episodes_per_iter=4, group_size=2, num_envs=4, max_new_tokens=10,
-                reward=["tests/even_tokens"], minibatch_size=4, filter_equal_groups=False, actor_lr=3e-3,
+                reward=["tests/even_tokens"], minibatch_size=4, actor_lr=3e-3,
                 rollout_engine="vllm", vllm=ENGINE)
     return PGConfig(**{**base, **kw})
 

@@ -62,6 +62,7 @@ from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window
 from turngym.trainers.distributed import DistContext
+from turngym.trainers.registry import Algorithm, register_algorithm
 from turngym.trainers.sequences import PackedBatch, pack_batch, pack_records
 from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
 from turngym.types import Trajectory, Turn
@@ -436,7 +437,8 @@ class ArcherTrainer(OnlineTrainer):
         metrics.update(advantage_stats(adv))
         if self.critic_steps >= cfg.critic_warmup:
             with self.weights_lock():
-                metrics.update(actor_update(self.model, self.actor_opt, batch, token_adv, ref_logprobs, cfg, self.gen, self.ctx))
+                metrics.update(actor_update(self.model, self.actor_opt, batch, token_adv, ref_logprobs, cfg, self.gen, self.ctx,
+                                            loss="ppo" if cfg.pg_loss == "auto" else cfg.pg_loss))
         metrics["actor/active"] = float(self.critic_steps >= cfg.critic_warmup)
         return self.finish_step(metrics)
 
@@ -550,6 +552,10 @@ class ArcherTrainer(OnlineTrainer):
             self.baseline.load_state_dict(st["baseline"])
             self.baseline_opt.load_state_dict(st["baseline_opt"])
         self.critic_steps = st["critic_steps"]
+
+
+register_algorithm(Algorithm("archer", section="archer", config=ArcherConfig, trainer=ArcherTrainer,
+                             help="utterance-level critic, token-level actor"))
 
 
 def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s: torch.Tensor | Window):

@@ -25,9 +25,10 @@ import torch
 
 from turngym.config import knob
 from turngym.rollout import Collector, EnvTarget
-from turngym.trainers.actor import autocast, prepare_trainable
+from turngym.trainers.actor import prepare_trainable
+from turngym.trainers.likelihood import likelihood_step
 from turngym.trainers.logger import advance_bar, progress_bar
-from turngym.trainers.sequences import pack_batch, score
+from turngym.trainers.sequences import pack_batch
 from turngym.types import Trajectory
 
 
@@ -104,10 +105,10 @@ def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | No
 
 def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progress: bool,
          on_step: Callable[[dict], None] | None) -> dict[str, float]:
-    """The update loop: ``cfg.epochs`` shuffled passes, or until ``cfg.time_budget_s``."""
+    """The update loop: ``cfg.epochs`` shuffled passes of the likelihood update (``likelihood_step``:
+    the mean NLL of the demonstrations' tokens), or until ``cfg.time_budget_s``."""
     model = policy.model
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     rng = random.Random(cfg.seed)
     steps_per_epoch = (len(data) + cfg.batch_size - 1) // cfg.batch_size
     bar = progress_bar("sft", steps=cfg.epochs * steps_per_epoch, budget_s=cfg.time_budget_s, disable=not progress)
@@ -122,20 +123,17 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
         total, count = 0.0, 0
         for i in range(0, len(order), cfg.batch_size):
             batch = pack_batch([data[j] for j in order[i : i + cfg.batch_size]], policy.pad_id)
-            with autocast(model, cfg.autocast):
-                loss = -score(model, batch).logprobs.mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            opt.step()
-            total, count, step = total + loss.item(), count + 1, step + 1
+            every_token = torch.ones(batch.num_tokens)  # a demonstration is cloned whole
+            loss = likelihood_step(model, opt, [(batch, every_token)], lr=cfg.lr, max_grad_norm=cfg.max_grad_norm,
+                                   autocast_mode=cfg.autocast)["loss"]
+            total, count, step = total + loss, count + 1, step + 1
             advance_bar(bar, trained_s())
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}")
             if logger is not None:
-                logger.log({"sft/loss": loss.item()}, step=epoch * steps_per_epoch + count)
+                logger.log({"sft/loss": loss}, step=epoch * steps_per_epoch + count)
             if on_step is not None:
                 h0, train_s = time.perf_counter(), trained_s()
-                _call_in_eval_mode(model, policy, on_step, {"sft/step": step, "sft/loss": loss.item(),
+                _call_in_eval_mode(model, policy, on_step, {"sft/step": step, "sft/loss": loss,
                                                             "sft/train_seconds": train_s})
                 hook_s += time.perf_counter() - h0
             if over():

@@ -22,10 +22,9 @@ under ``weights_lock`` so generation never sees a half-updated model.
 from __future__ import annotations
 
 import dataclasses
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -35,7 +34,6 @@ from turngym.rewards import load_reward_state_dict, make_reward, reward_state_di
 from turngym.rollout import Collector, EnvTarget, EpisodeSpec, TaskSchedule
 from turngym.rollout.engine import resolve_engine
 from turngym.trainers.actor import frozen_copy, prepare_trainable, shard_model, use_bf16
-from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from turngym.trainers.distributed import (
     DistContext,
     full_params,
@@ -44,7 +42,7 @@ from turngym.trainers.distributed import (
     model_state_dict,
     optimizer_state_dict,
 )
-from turngym.trainers.logger import MetricsLogger, advance_bar, plot_learning_curve, progress_bar
+from turngym.trainers.loop import IterativeTrainer
 from turngym.types import Trajectory
 
 
@@ -68,8 +66,8 @@ class OnlineConfig:
     actor_warmup_steps: int = knob(0, "optimizer steps over which the actor lr ramps linearly up to actor_lr "
                                       "(Adam's first steps move every weight by about lr, whatever its gradient)")
     clip_coef: float = knob(0.2, "PPO ratio clip; 0 disables clipping")
-    pg_loss: str = knob("auto", "ppo: the clipped surrogate | nll: -A log pi (SFT on the chosen tokens) | auto: nll "
-                                "for filtered_bc, ppo otherwise")
+    pg_loss: str = knob("auto", "ppo: the clipped surrogate | nll: -A log pi (SFT on the chosen tokens) | auto: the "
+                                "algorithm's own (nll for filtered_bc, ppo otherwise)")
     kl_coef: float = knob(0.0, "weight of the KL(pi || reference) guard")
     ent_coef: float = knob(0.0, "weight of the entropy bonus")
     max_grad_norm: float = knob(1.0, "gradient clipping")
@@ -167,8 +165,8 @@ def resolve_rollout_engine(cfg: OnlineConfig, distributed: bool = False) -> Onli
     return dataclasses.replace(cfg, rollout_engine=resolve_engine(cfg.rollout_engine, allowed))
 
 
-class OnlineTrainer:
-    """Train ``policy`` (an ``HFPolicy``) on ``env_id``.
+class OnlineTrainer(IterativeTrainer):
+    """Train ``policy`` (an ``HFPolicy``) on ``env_id`` from the episodes it plays each iteration.
 
     Args:
         policy: Exposes ``model``, ``pad_id``, ``act`` and ``invalidate_caches``.
@@ -186,21 +184,15 @@ class OnlineTrainer:
     def __init__(self, policy: Any, env_id: str, cfg: OnlineConfig, *, env_kwargs: dict | None = None,
                  out_dir: str | Path = "runs/online", ctx: DistContext | None = None,
                  collector: Collector | None = None) -> None:
-        self.ctx = ctx or DistContext()
-        cfg = resolve_rollout_engine(cfg, self.ctx.enabled)  # auto -> vllm or hf, once
-        self.policy, self.env_id, self.cfg = policy, env_id, cfg
+        ctx = ctx or DistContext()
+        cfg = resolve_rollout_engine(cfg, ctx.enabled)  # auto -> vllm or hf, once
+        self._init_loop(policy, env_id, cfg, out_dir, ctx)
         self.env_kwargs = dict(env_kwargs or {})
         self.env = EnvTarget(env_id, self.env_kwargs, cfg.max_turns, cfg.max_state_visits)  # what training plays
-        self.out_dir = Path(out_dir)
-        self.ckpt_dir = self.out_dir / "checkpoint"
         if cfg.rollout_engine == "vllm" and self.ctx.enabled:
             raise ValueError("rollout_engine=vllm runs in one process, not under torchrun")
         self.collector, self._own_collector = collector, collector is None  # built at setup when not given
-        self.iteration = 0
-        self.env_steps = 0
-        self.train_seconds = 0.0  # wall-clock spent in iterations and checkpoints, not in on_iteration
         self._screen_metrics: dict[str, float] = {}  # merged into the iteration's metrics by finish_step
-        self._ready = False
 
     # ----- setup ---------------------------------------------------------------------------
     def needs_reference(self) -> bool:
@@ -277,19 +269,12 @@ class OnlineTrainer:
         return self.collector.weights_lock()
 
     def finish_step(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Advance the counters after an iteration and add them to its metrics."""
+        """Advance the counters after an iteration and add them (and a screen's) to its metrics."""
         metrics.update(self._screen_metrics)
         self._screen_metrics = {}
-        self.iteration += 1
-        self.env_steps += int(metrics["rollout/env_steps"])  # already summed over ranks
-        metrics["env_steps"] = self.env_steps
+        metrics = super().finish_step(metrics)
         self.collector.set_version(self.iteration)  # the policy is now one version newer
         return metrics
-
-    def done(self) -> bool:
-        """Whether training is over: ``cfg.iterations`` reached or ``cfg.time_budget_s`` spent."""
-        budget = self.cfg.time_budget_s
-        return self.iteration >= self.cfg.iterations or bool(budget and self.train_seconds >= budget)
 
     def close(self) -> None:
         """Stop background collection; close the Collector (its envs and vLLM engine) if this trainer made it."""
@@ -300,96 +285,20 @@ class OnlineTrainer:
         else:
             self.collector.stop_stream()
 
-    # ----- the loop -------------------------------------------------------------------------
-    def train(self, resume: bool = True, logger: MetricsLogger | None = None, progress: bool = True,
-              on_iteration: Callable[[OnlineTrainer, dict], None] | None = None) -> list[dict]:
-        """Run until ``cfg.iterations`` (or ``cfg.time_budget_s``), logging every iteration and
-        checkpointing every ``cfg.checkpoint_every``; resumes from ``out_dir/checkpoint`` when present.
+    # ----- checkpoints (the loop saves and loads; this is what the actor side holds) -----------
+    def _state(self) -> dict:
+        return {"model": model_state_dict(self.model), "actor_opt": optimizer_state_dict(self.model, self.actor_opt),
+                "gen": self.gen.get_state(), **self.tasks.state_dict(),
+                "reward": reward_state_dict(self.reward_fn),  # e.g. SPA's estimator
+                **self._extra_state()}
 
-        Args:
-            resume: Continue from ``out_dir/checkpoint`` when there is one.
-            logger: Where metric rows go (default: a ``MetricsLogger`` in ``out_dir``).
-            progress: Show a progress bar.
-            on_iteration: Called as ``on_iteration(trainer, metrics)`` after each iteration, before its
-                checkpoint (a kill inside it replays the iteration), with background collection paused;
-                its time is not counted in ``train_seconds`` (e.g. a held-out evaluation).
-
-        Returns:
-            The logged metric rows of this run.
-        """
-        if not self._ready:
-            self.setup()
-        resumed = resume and has_checkpoint(self.ckpt_dir) and self.load(self.ckpt_dir)
-        main = self.ctx.is_main
-        own_logger = logger is None and main
-        if own_logger:
-            logger = MetricsLogger(self.out_dir, config=asdict(self.cfg), resume=bool(resumed))
-        if logger is not None and main:
-            logger.truncate(self.iteration)  # rows past the checkpoint are replayed, not repeated
-        cfg = self.cfg
-        bar = progress_bar(self.name, steps=cfg.iterations, budget_s=cfg.time_budget_s, done_steps=self.iteration,
-                           done_s=self.train_seconds, disable=not (progress and main))
-        rows = []
-        try:
-            while not self.done():
-                t0 = time.perf_counter()
-                metrics = self.step()
-                self.train_seconds += time.perf_counter() - t0
-                metrics["train_seconds"] = self.train_seconds
-                if logger is not None and main:
-                    logger.log(metrics, step=self.iteration)
-                rows.append(metrics)
-                advance_bar(bar, self.train_seconds)
-                bar.set_postfix(it=self.iteration, success=f"{metrics['rollout/success']:.2f}", steps=metrics["env_steps"])
-                if on_iteration is not None:
-                    with self.weights_lock():
-                        on_iteration(self, metrics)
-                every = cfg.checkpoint_every
-                if (every and self.iteration % every == 0) or self.done():
-                    t0 = time.perf_counter()
-                    with self.weights_lock():  # a consistent snapshot while generation goes on
-                        self.save(self.ckpt_dir)
-                    self.train_seconds += time.perf_counter() - t0
-        finally:
-            self.close()
-            self.policy.invalidate_caches()  # the last update changed the weights: no stale generating copy
-        bar.close()
-        if main and logger is not None:
-            plot_learning_curve(logger.rows(), self.out_dir / "learning_curve.png", title=f"{self.name} on {self.env_id}")
-        if own_logger:
-            logger.close()
-        return rows
-
-    # ----- checkpoints ----------------------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
-        """Write the checkpoint (rank 0; the others wait for it, or first help gather a sharded model)."""
-        path = Path(path)
-        model, actor_opt = model_state_dict(self.model), optimizer_state_dict(self.model, self.actor_opt)
-        if self.ctx.is_main:
-            save_checkpoint(path, {
-                "model": model, "actor_opt": actor_opt,
-                "gen": self.gen.get_state(), "iteration": self.iteration, "env_steps": self.env_steps,
-                "train_seconds": self.train_seconds, **self.tasks.state_dict(),
-                "config": asdict(self.cfg), "reward": reward_state_dict(self.reward_fn),  # e.g. SPA's estimator
-                **self._extra_state(),
-            })
-        self.ctx.barrier()
-        return path
-
-    def load(self, path: str | Path) -> bool:
-        if not self._ready:
-            self.setup()
-        st = load_checkpoint(path)
+    def _load_state(self, st: dict) -> None:
         load_model_state_dict(self.model, st["model"])
         load_optimizer_state_dict(self.model, self.actor_opt, st["actor_opt"])
         self.gen.set_state(st["gen"])
         load_reward_state_dict(self.reward_fn, st.get("reward", {}))
-        self.iteration, self.env_steps = st["iteration"], st["env_steps"]
-        self.train_seconds = float(st.get("train_seconds", 0.0))
         self.tasks.load_state_dict(st)
         self._load_extra_state(st)
-        self.policy.invalidate_caches()
-        return True
 
     def _extra_state(self) -> dict:
         return {}
