@@ -1,6 +1,6 @@
 """Diagnostics behind docs/experiments.md (2026-11-24, 2026-11-25): one RL run from given SFT weights
 for a time budget, then one greedy pass over 128 held-out TextWorld-easy games (the same list as
-``turngym train`` and ``scripts/protocol.py``). Not a learning claim: one seed, no CI here (compare
+``turngym train`` and ``turngym protocol``). Not a learning claim: one seed, no CI here (compare
 the saved ``eval_final.json`` with the SFT run's evaluation, paired, as the docs do).
 
     python scripts/rl_from_weights.py runs/p8/seed0/sft/sft_model.pt runs/rl_fbc \\

@@ -25,7 +25,7 @@ import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
-from turngym.bench.metrics import bootstrap_diff
+from turngym.bench.protocol import held_out_table
 from turngym.config import apply_overrides, describe, knob, load_yaml
 from turngym.rollout import Collector
 from turngym.trainers.archer import ArcherConfig
@@ -165,20 +165,6 @@ def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str, collector: Collecto
     res.save(Path(cfg.output_dir) / f"eval_{tag}.json")
     # every stage plays the same held-out (task, seed) list in the same order: outcomes pair up
     return {**res.summary, "per_episode_success": [float(t.success) for t in res.trajectories]}
-
-
-def held_out_table(stages: dict) -> dict:
-    """Each evaluated stage's held-out success with its 95% CI and n, and its paired difference from
-    the SFT stage (paired bootstrap over the same held-out episodes)."""
-    evals = {k.removeprefix("eval_"): v for k, v in stages.items() if k.startswith("eval_")}
-    table = {tag: {"success": v["success"], "ci95": v["success_ci95"], "n": v["episodes"]} for tag, v in evals.items()}
-    base = evals.get("sft", {}).get("per_episode_success")
-    for tag, v in evals.items():
-        other = v.get("per_episode_success")
-        if tag != "sft" and base and other and len(other) == len(base):
-            d = bootstrap_diff(base, other, paired=True)
-            table[tag]["vs_sft"] = {"diff": d["diff"], "ci95": d["ci"], "p": d["p"], "n": len(base)}
-    return table
 
 
 class _Stages:

@@ -1,5 +1,7 @@
-"""The learning protocol's library half: one held-out evaluation every arm shares, the arm-vs-arm
-statistics, the Markdown report and the learning-curve plot. ``scripts/protocol.py`` runs the arms.
+"""The learning protocol's statistics and evaluation: one held-out evaluation every arm shares, a
+run's stage-vs-SFT table (``held_out_table``, in every ``summary.json``), the arm-vs-arm statistics,
+the Markdown report and the learning-curve plot. ``turngym protocol`` (``turngym/protocol.py``)
+runs the arms.
 
 An evaluation plays a fixed list of held-out games, each once greedily and ``samples`` times at the
 training temperature with fixed sampling seeds. Every arm and every seed plays the same list in the
@@ -19,7 +21,8 @@ import numpy as np
 
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
-from turngym.bench.metrics import cluster_bootstrap_diff, paired_comparison, seed_t_interval, wilson_interval
+from turngym.bench.metrics import (bootstrap_diff, cluster_bootstrap_diff, paired_comparison, seed_t_interval,
+                                   wilson_interval)
 from turngym.rollout import Collector, envinfo
 
 BASELINES = ("sft", "sft_continued")
@@ -47,6 +50,20 @@ def task_groups(env_id: str, env_kwargs: dict) -> dict[str, str]:
     """Report group of every task of a split: the env's ``task_group`` (e.g. TextWorld's level)
     when it has one, else its ``task_type``."""
     return envinfo.task_groups(env_id, **env_kwargs)
+
+
+def held_out_table(stages: dict) -> dict:
+    """Each evaluated stage's held-out success with its 95% CI and n, and its paired difference from
+    the SFT stage (paired bootstrap over the same held-out episodes)."""
+    evals = {k.removeprefix("eval_"): v for k, v in stages.items() if k.startswith("eval_")}
+    table = {tag: {"success": v["success"], "ci95": v["success_ci95"], "n": v["episodes"]} for tag, v in evals.items()}
+    base = evals.get("sft", {}).get("per_episode_success")
+    for tag, v in evals.items():
+        other = v.get("per_episode_success")
+        if tag != "sft" and base and other and len(other) == len(base):
+            d = bootstrap_diff(base, other, paired=True)
+            table[tag]["vs_sft"] = {"diff": d["diff"], "ci95": d["ci"], "p": d["p"], "n": len(base)}
+    return table
 
 
 def held_out_eval(policy: Any, env_id: str, env_kwargs: dict, *, games: int, samples: int, temperature: float,
