@@ -18,6 +18,7 @@ from turngym.rollout.episode import branch_of
 from turngym.trainers.branch_bc import BranchBCConfig, BranchBCTrainer, better
 from turngym.types import Message, Trajectory, Turn, Utterance
 
+from fixtures_model import EveryGuess as _EveryGuess
 from fixtures_model import build_tiny_model
 
 ENV = "tests/Guess-v0"
@@ -161,16 +162,6 @@ def test_alternatives_fork_the_least_certain_token_and_packed_equals_plain(tiny_
     # runner-ups are ranked: the forced tokens' log-probs fall
     forced = [u.logprobs[pos] for u in got]
     assert forced == sorted(forced, reverse=True)
-
-
-class _EveryGuess(HFPolicy):
-    """The tiny model with every guess as its "runner-up replies": the search's plumbing, not its ranking
-    (``alternatives`` itself is tested above on the real model code)."""
-
-    def alternatives(self, prompts, actions, k, stops=(), max_new_tokens=64):
-        end = sorted(self.chat.end_token_ids)[:1]
-        replies = [(str(n), self.chat.encode(str(n)) + end) for n in range(1, 9)][:k]
-        return [[Utterance(text, ids, [0.0] * len(ids)) for text, ids in replies] for p in prompts]
 
 
 def test_branch_search_returns_whole_episodes_that_leave_their_root_once(tiny_tokenizer):

@@ -7,6 +7,9 @@ ship here:
   download, microseconds per step: the CPU default.
 - ``LMEncoder``: mean-pooled last hidden states of a frozen (small) language model over the
   rendered step. Features are computed once per step (the caller keeps them).
+- ``PolicyEncoder``: the policy's own view: a frozen copy of the (SFT'd) policy run over the
+  episode's recorded token ids (nothing re-tokenized), its final hidden states at each turn's last
+  prompt token and last action token. A trainer binds it (``bind_policy``) to its reference model.
 
 ``make_encoder("hash" | "lm:PATH" | "default", ...)`` builds one from a config string.
 """
@@ -152,9 +155,56 @@ class LMEncoder:
         return torch.cat(outs) if outs else torch.zeros(0, self.dim)
 
 
+class PolicyEncoder:
+    """``(T, 2H)`` features of a trajectory's turns: ``[h(s_t), h(s_t, a_t)]``, the final hidden
+    states of a frozen causal LM at the turn's last prompt token and last action token, over the
+    token ids recorded at sampling time (the episode's ``TokenRecord``): one forward per segment of
+    the record, which holds every turn of that segment.
+
+    Args:
+        model: The frozen model (e.g. a trainer's reference copy of the SFT'd policy); ``None`` until
+            ``bind`` is called.
+    """
+
+    def __init__(self, model: Any = None) -> None:
+        self.model = None
+        self.dim = 0
+        if model is not None:
+            self.bind(model)
+
+    def bind(self, model: Any) -> None:
+        self.model = model
+        self.dim = 2 * int(model.config.get_text_config().hidden_size)
+
+    @torch.no_grad()
+    def encode_trajectory(self, traj: Trajectory) -> torch.Tensor:
+        """Raises: RuntimeError: no model is bound; ValueError: a turn carries no token ids."""
+        if self.model is None:
+            raise RuntimeError("PolicyEncoder has no model: the trainer binds its reference (bind_policy)")
+        rec = traj.record
+        segments: dict[int, list[int]] = {}  # the record's segments (one token sequence each): their turns
+        for k, turn in enumerate(traj.turns):
+            if rec is None or turn.num_tokens == 0:
+                raise ValueError("PolicyEncoder reads recorded token ids; this turn has none")
+            segments.setdefault(rec.segment_start(turn.span[0]), []).append(k)
+        base = getattr(self.model, "get_base_model", lambda: self.model)()
+        backbone = base.base_model
+        device = next(backbone.parameters()).device
+        rows = []
+        for start, seg in segments.items():
+            end = traj.turns[seg[-1]].span[1]
+            ids = torch.tensor([rec.ids[start:end]], device=device)
+            h = backbone(input_ids=ids, use_cache=False).last_hidden_state[0].float().cpu()
+            for k in seg:
+                s_pos, a_pos = traj.turns[k].span[0] - start - 1, traj.turns[k].span[1] - start - 1
+                rows.append(torch.cat([h[s_pos], h[a_pos]]))
+        return torch.stack(rows) if rows else torch.zeros(0, self.dim)
+
+
 def make_encoder(spec: str, dim: int = 2048, ngram: int = 2) -> Encoder:
     """``hash`` -> ``HashedNgramEncoder(dim, ngram)``; ``lm:PATH`` -> ``LMEncoder(PATH)``;
-    ``default`` -> ``LMEncoder`` over the embedded SmolLM2-135M.
+    ``default`` -> ``LMEncoder`` over the embedded SmolLM2-135M; ``policy`` -> an unbound
+    ``PolicyEncoder`` (the trainer binds its reference model).
 
     Raises:
         ValueError: an unknown spec.
@@ -163,8 +213,10 @@ def make_encoder(spec: str, dim: int = 2048, ngram: int = 2) -> Encoder:
         return HashedNgramEncoder(dim, ngram)
     if spec.startswith("lm:"):
         return LMEncoder(spec[3:])
+    if spec == "policy":
+        return PolicyEncoder()
     if spec == "default":
         from turngym.agents.default_model import load_default_model
 
         return LMEncoder(*load_default_model())
-    raise ValueError(f"unknown encoder {spec!r}; use hash, lm:PATH or default")
+    raise ValueError(f"unknown encoder {spec!r}; use hash, lm:PATH, default or policy")

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from turngym.agents.base import SamplingParams
 from turngym.rollout.async_rollout import AsyncCollector
-from turngym.rollout.branching import branch_search
+from turngym.rollout.branching import Tree, branch_search, tree_rollout
 from turngym.rollout.envinfo import EnvInfo, env_info
 from turngym.rollout.episode import EpisodeSpec, episode_specs, make_env_factory
 from turngym.rollout.pool import EnvPools
@@ -246,6 +246,15 @@ class Collector:
         return branch_search(self.policy, env.factory(), roots, stops=list(env.info.stop_strings), points=points,
                              width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs,
                              workers=self.workers, pools=self.pools, by=by)
+
+    def tree_rollout(self, env: EnvTarget, specs: list[EpisodeSpec], *, roots: list[Trajectory] | None = None,
+                     points: int, width: int, depth: int, max_new_tokens: int, num_envs: int,
+                     by: str = "observation") -> Tree:
+        """Greedy roots on ``specs`` (or the given ``roots``), then branch search from the failed ones
+        (``branching.tree_rollout``), played by the policy itself."""
+        return tree_rollout(self.policy, env.factory(), specs, stops=list(env.info.stop_strings), points=points,
+                            width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs,
+                            workers=self.workers, pools=self.pools, by=by, roots=roots)
 
     def demonstrations(self, env: EnvTarget, episodes: int, seed: int = 0, demo_seed: int = -1,
                        num_envs: int = 8) -> list[Trajectory]:

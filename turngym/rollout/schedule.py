@@ -57,6 +57,16 @@ def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_
     return specs
 
 
+def screen_order(task_ids: list[str], solved: set[str], screened: dict[str, int], seed: int, iteration: int,
+                 n: int) -> list[str]:
+    """The ``n`` training tasks a greedy screen plays next: unsolved first, then the ones screened
+    longest ago (never screened: -1), ties in a seeded order that changes every iteration."""
+    order = list(task_ids)
+    random.Random(run_seed(seed, iteration)).shuffle(order)
+    rank = {t: i for i, t in enumerate(order)}
+    return sorted(task_ids, key=lambda t: (t in solved, screened.get(t, -1), rank[t]))[:n]
+
+
 def demo_task_ids(task_ids: list[str], episodes: int, demo_seed: int = -1) -> list[str]:
     """The tasks demonstrations are played on: the first ``episodes`` (``demo_seed`` -1), or
     ``episodes`` drawn without replacement by ``demo_seed`` (cycling when there are fewer tasks)."""

@@ -26,7 +26,6 @@ what a search found once keeps being trained on, so a fix does not fade when lat
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from turngym.config import knob
 from turngym.rewards.format import action_status
 from turngym.rollout import Collector, EnvTarget, EpisodeSpec
 from turngym.rollout.branching import BRANCH_BY
-from turngym.rollout.schedule import run_seed
+from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import frozen_copy, prepare_trainable, use_bf16
 from turngym.trainers.distributed import DistContext, load_model_state_dict, model_state_dict
@@ -166,10 +165,8 @@ class BranchBCTrainer(IterativeTrainer):
         """This iteration's screen: unsolved tasks first (no remembered success, and greedy play
         failed or never tried), then the ones screened longest ago; ties in a seeded order that
         changes every iteration."""
-        order = {t: i for i, t in enumerate(_shuffled(self.task_ids, self.cfg.seed, self.iteration))}
-        solved = lambda t: t in self.memory or self.greedy_outcomes.get(t, False)
-        ranked = sorted(self.task_ids, key=lambda t: (solved(t), self.screened.get(t, -1), order[t]))
-        return ranked[: self.cfg.episodes_per_iter]
+        solved = {t for t in self.task_ids if t in self.memory or self.greedy_outcomes.get(t, False)}
+        return screen_order(self.task_ids, solved, self.screened, self.cfg.seed, self.iteration, self.cfg.episodes_per_iter)
 
     def step(self) -> dict[str, float]:
         """One iteration: screen, search, remember, clone. Returns its metrics."""
@@ -251,12 +248,6 @@ class BranchBCTrainer(IterativeTrainer):
         self.greedy_outcomes = dict(st.get("greedy_outcomes", {}))
         self.memory = {k: Trajectory.from_dict(d) for k, d in st.get("memory", {}).items()}
         self.screened = dict(st.get("screened", {}))
-
-
-def _shuffled(items: list[str], seed: int, iteration: int) -> list[str]:
-    out = list(items)
-    random.Random(run_seed(seed, iteration)).shuffle(out)
-    return out
 
 
 register_algorithm(Algorithm("branch_bc", section="branch", config=BranchBCConfig, trainer=BranchBCTrainer,

@@ -30,7 +30,7 @@ import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.config import knob
-from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict
+from turngym.rewards import bind_policy, load_reward_state_dict, make_reward, reward_state_dict, wants_policy
 from turngym.rollout import Collector, EnvTarget, EpisodeSpec, TaskSchedule
 from turngym.rollout.engine import resolve_engine
 from turngym.trainers.actor import frozen_copy, prepare_trainable, shard_model, use_bf16
@@ -196,12 +196,14 @@ class OnlineTrainer(IterativeTrainer):
 
     # ----- setup ---------------------------------------------------------------------------
     def needs_reference(self) -> bool:
-        """Whether a frozen copy of the starting policy is kept (KL anchor, critic features)."""
-        return self.cfg.kl_coef > 0
+        """Whether a frozen copy of the starting policy is kept (KL anchor, critic features, and
+        reward transforms that read the policy's features, such as SPA's progress estimator)."""
+        return self.cfg.kl_coef > 0 or wants_policy(self.reward_fn)
 
     def setup(self) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
+        self.reward_fn = make_reward(cfg.reward)
         self.ref = frozen_copy(self.policy.model) if self.needs_reference() else None
         self.policy.model = prepare_trainable(self.policy.model, cfg.trainable, cfg.lora_r, cfg.lora_alpha)
         self.model = self.policy.model
@@ -213,7 +215,8 @@ class OnlineTrainer(IterativeTrainer):
             self.model = self.policy.model = shard_model(self.model, self.ctx)
         self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
         self.gen = torch.Generator().manual_seed(cfg.seed)
-        self.reward_fn = make_reward(cfg.reward)
+        if self.ref is not None:
+            bind_policy(self.reward_fn, self.ref)  # e.g. SPA reads the SFT'd policy's hidden states
         if self.collector is None:
             self.collector = Collector(self.policy, engine=cfg.rollout_engine, vllm=cfg.vllm, workers=cfg.env_workers,
                                        ctx=self.ctx)
