@@ -22,7 +22,7 @@ from turngym.trainers.actor import frozen_copy, reference_pass
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer, ReplayBuffer, UtteranceCritic, make_target, td_loss
 from turngym.trainers.critic_encoder import TrunkTopEncoder
 from turngym.trainers.sequences import pack_batch
-from turngym.types import Trajectory, Turn
+from turngym.types import TokenRecord, Trajectory, Turn
 
 ENV = "tests/Guess-v0"
 
@@ -194,9 +194,9 @@ def _step_spying(trainer, monkeypatch):
         seen["feats"] = feats
         return advantages(*feats)
 
-    def spy_update(model, opt, batch, token_adv, *rest):
+    def spy_update(model, opt, batch, token_adv, *rest, **kw):
         seen.update(batch=batch, adv=token_adv)
-        return update(model, opt, batch, token_adv, *rest)
+        return update(model, opt, batch, token_adv, *rest, **kw)
 
     monkeypatch.setattr(trainer, "_advantages", spy_advantages)
     monkeypatch.setattr(archer, "actor_update", spy_update)
@@ -300,12 +300,13 @@ def test_fresh_action_v_target_stores_a_prime_and_resumes_exactly(policy, tiny_t
 def test_top_k_encoder_over_a_whole_prefix_is_the_reference_final_hidden_state(tiny_model, k):
     ref = frozen_copy(tiny_model.model)
 
-    def turn(prompt, action):
-        return Turn("x", prompt_ids=prompt, action_ids=action, action_logprobs=[0.0] * len(action))
+    def traj(task, pairs):
+        rec = TokenRecord()
+        return Trajectory(task, turns=[Turn("x", span=rec.add_turn(p, a, [0.0] * len(a))) for p, a in pairs], record=rec)
 
     first = [11, 12, 13, 14, 15]
-    trajs = [Trajectory("a", turns=[turn(first, [16, 17]), turn(first + [16, 17, 18, 19], [20, 21, 22])]),
-             Trajectory("b", turns=[turn([31, 32], [33])])]  # a shorter row: right padding in the batch
+    trajs = [traj("a", [(first, [16, 17]), (first + [16, 17, 18, 19], [20, 21, 22])]),
+             traj("b", [([31, 32], [33])])]  # a shorter row: right padding in the batch
     batch = pack_batch(trajs, pad_id=0)
     encoder = TrunkTopEncoder(ref, k)
     _, final = reference_pass(ref, batch, True)
