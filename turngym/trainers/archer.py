@@ -343,7 +343,9 @@ class ArcherTrainer(OnlineTrainer):
         held = [i for i in own if trajs[enc.refs[i][0]].task_id in self.heldout_tasks]
         train = [i for i in own if trajs[enc.refs[i][0]].task_id not in self.heldout_tasks]
         fresh = [g for g in siblings if trajs[enc.refs[g[0]][0]].task_id not in self.heldout_tasks]
-        metrics["critic/sibling_auc_before"], _ = Fn.sibling_auc(adv, values, fresh)
+        auc_before, pairs_before = Fn.sibling_auc(adv, values, fresh)
+        if pairs_before:  # in sample for states seen in earlier iterations; undefined without a pair
+            metrics["critic/sibling_auc_before"] = auc_before
         self._add_transitions(train, enc, r, done, next_s, v_sa)
         metrics.update(self._critic_updates(cfg.critic_updates))
         self._keep_heldout_pairs([g for g in siblings if g[0] in set(held)], enc, values)
@@ -506,7 +508,11 @@ class ArcherTrainer(OnlineTrainer):
         if all(y is None for y in labels):
             return {}
         y = torch.tensor([float("nan") if v is None else float(v) for v in labels])
-        return {"critic/auc_expert": Fn.auc(adv, y), "critic/expert_rate": float(y.nan_to_num(0.0).sum() / (~y.isnan()).sum())}
+        out = {"critic/expert_rate": float(y.nan_to_num(0.0).sum() / (~y.isnan()).sum())}
+        auc = Fn.auc(adv, y)
+        if not math.isnan(auc):  # undefined when no turn (or every turn) played the oracle's move
+            out["critic/auc_expert"] = auc
+        return out
 
     # ----- 5. actor ----------------------------------------------------------------------------
     def _remember(self, trajs: list[Trajectory], enc: Encoded, siblings: list[list[int]], values: torch.Tensor) -> None:
