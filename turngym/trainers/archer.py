@@ -23,12 +23,15 @@ One iteration (``collect="tree"``, the default):
    Q(s, a) - V(s) is learned from. Shared prefixes count once: a branch adds only its own turns.
 2. rewards: the reward transforms (env, format, G-RA, SPA...) per turn.
 3. features: one reference forward per episode gives phi(s), phi(s, a) for every turn.
-4. critic: the turns go to the replay buffer, then N TD updates. The turns of a fixed share of the
-   training tasks (``critic_holdout``) never do: the critic is scored on their sibling pairs, out of
-   sample (``critic/sibling_auc``: how often Q - V ranks the sibling that earned more first).
-5. actor: AWR over episodes from the actor's memory (this and earlier iterations), plus the SFT
-   stage's ``expert_replay`` demonstrations, only while the sibling AUC is at least ``critic_gate``:
-   a critic at chance does not drive the actor.
+4. critic: the turns go to the replay buffer, then N TD updates. Before they do, the iteration's
+   sibling pairs are scored out of sample by two side copies of the critic, each trained without
+   one half of the tasks (``critic/sibling_auc_xfit``: how often Q - V ranks the sibling that earned
+   more first). The turns of a fixed share of the training tasks (``critic_holdout``) never train
+   the critic: their pairs, kept across iterations, give ``critic/sibling_auc``.
+5. actor: AWR at the states of the actor's memory (this and earlier iterations' siblings), plus the
+   SFT stage's ``expert_replay`` demonstrations, only while the out-of-sample sibling AUC (the
+   cross-fit, else the held-out tasks') is at least ``critic_gate``: a critic at chance does not
+   drive the actor.
 6. log and checkpoint.
 
 ``collect="sample"`` plays ``episodes_per_iter`` episodes at the sampling temperature instead
@@ -67,28 +70,30 @@ advantages, AWR weights, sibling AUC, transitions and windows in ``functional``,
 
 from __future__ import annotations
 
-import random
+import copy
+import dataclasses
+import hashlib
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 
 from turngym.config import knob
 from turngym.rewards import reward_stats
-from turngym.rollout import EpisodeSpec
-from turngym.rollout.branching import BRANCH_BY, Tree, tree_rollout
-from turngym.rollout.handles import describe_env, tool_stops
+from turngym.rollout import EpisodeSpec, env_info
+from turngym.rollout.branching import BRANCH_BY, Tree
+from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.archer_critic import ReplayBuffer, UtteranceCritic, ValueHead, make_target, soft_update  # noqa: F401
 from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window
 from turngym.trainers.distributed import DistContext
-from turngym.trainers.sequences import PackedBatch, pack_batch
-from turngym.trainers.sft import expert_data
-from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, env_factory, screen_order
+from turngym.trainers.registry import Algorithm, register_algorithm
+from turngym.trainers.sequences import PackedBatch, pack_batch, pack_records
+from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
 from turngym.types import Trajectory, Turn
 
 
@@ -114,13 +119,16 @@ class ArcherConfig(OnlineConfig):
     awr_min_shift: float = knob(0.05, "a state trains the actor only when its AWR target moves at least this much "
                                       "probability (total variation) away from the policy's own choice among the siblings")
     actor_memory: int = knob(2048, "awr: sibling groups (states with their actions and features) the actor replays from")
-    actor_groups: int = knob(256, "awr: states drawn from the memory for each actor update")
+    actor_groups: int = knob(64, "awr: the states of the memory whose target moves most (at least awr_min_shift) "
+                                 "train each actor update; a sibling below awr_min_weight of its state is left out")
+    awr_min_weight: float = knob(0.05, "awr: a sibling whose share of its state's target is below this is not "
+                                       "trained on (each one costs a forward and backward over its whole prompt)")
     expert_replay: int = knob(0, "the oracle's episodes on N training tasks (the SFT stage's demonstrations) join every "
                                  "actor update with weight 1; 0 = off")
     critic_holdout: float = knob(0.125, "share of the training tasks whose turns the critic never trains on: their "
                                         "sibling pairs score it out of sample (critic/sibling_auc)")
-    critic_gate: float = knob(0.6, "the actor trains only while the out-of-sample sibling AUC is at least this "
-                                   "(0 = always; needs collect=tree)")
+    critic_gate: float = knob(0.6, "the actor trains only while the out-of-sample sibling AUC (this iteration's "
+                                   "two-fold cross-fit, else the held-out tasks') is at least this (0 = always)")
     critic_hidden: int = knob(256, "width of the critic's MLP heads")
     critic_lr: float = knob(1e-3, "critic learning rate (AdamW)")
     critic_updates: int = knob(200, "N: critic TD updates per iteration")
@@ -172,6 +180,8 @@ class ArcherConfig(OnlineConfig):
             raise ValueError("branch_points, branch_width and branch_depth must be >= 1")
         if self.awr_beta <= 0 or not 0 <= self.awr_min_shift < 1 or min(self.actor_memory, self.actor_groups) < 1:
             raise ValueError("awr_beta must be > 0, awr_min_shift in [0, 1), actor_memory and actor_groups >= 1")
+        if not 0 <= self.awr_min_weight < 1:
+            raise ValueError(f"awr_min_weight must be in [0, 1), got {self.awr_min_weight}")
         if self.awr_values not in ("critic", "returns"):
             raise ValueError(f"awr_values must be critic or returns, got {self.awr_values!r}")
         if not 0 <= self.critic_holdout < 1 or not 0 <= self.critic_gate <= 1:
@@ -269,12 +279,12 @@ class ArcherTrainer(OnlineTrainer):
 
     def __init__(self, policy: Any, env_id: str, cfg: ArcherConfig | None = None, *,
                  env_kwargs: dict | None = None, out_dir: str | Path = "runs/archer", ctx: DistContext | None = None,
-                 rollouts: Any = None, pools: Any = None) -> None:
+                 collector: Any = None) -> None:
         cfg = cfg or ArcherConfig()
         if cfg.expert_labels:  # the env marks steps that match its oracle (critic/auc_expert)
             env_kwargs = {"expert_labels": True, **(env_kwargs or {})}
         super().__init__(policy, env_id, cfg, env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx,
-                         rollouts=rollouts, pools=pools)
+                         collector=collector)
         if cfg.collect == "tree" and self.ctx.enabled:
             raise ValueError("collect=tree runs in one process, not under torchrun")
         self.critic_steps = 0
@@ -310,17 +320,12 @@ class ArcherTrainer(OnlineTrainer):
         self.baseline_opt = torch.optim.AdamW(self.baseline.parameters(), lr=cfg.critic_lr) if self.baseline else None
         self.buffer = ReplayBuffer(cfg.buffer_capacity, feat, seed=cfg.seed + self.ctx.rank,
                                    v_action=cfg.v_target != "buffer_action")
-        probe = gym.make(self.env_id, **self.env_kwargs)  # the tool format's stop strings, as in collection
-        self._stops = tool_stops(describe_env(probe))
-        probe.close()
+        self._stops = list(env_info(self.env_id, **self.env_kwargs).stop_strings)  # as in collection
         if cfg.v_target == "fresh_action" and not hasattr(self.policy, "generate"):
             raise ValueError("v_target=fresh_action samples a' from token ids: it needs an HFPolicy")
-        order = list(self.task_ids)
-        random.Random(cfg.seed).shuffle(order)
-        self.heldout_tasks = set(order[: round(cfg.critic_holdout * len(order))])
+        self.heldout_tasks = heldout_tasks(self.task_ids, cfg.critic_holdout, cfg.seed)
         if cfg.expert_replay:
-            self.experts = expert_data(self.policy, self.env_id, cfg.expert_replay, self.env_kwargs, cfg.seed,
-                                       cfg.demo_seed)
+            self.experts = self.collector.demonstrations(self.env, cfg.expert_replay, cfg.seed, cfg.demo_seed)
 
     # ----- the loop -------------------------------------------------------------------------
     def step(self) -> dict[str, float]:
@@ -347,13 +352,17 @@ class ArcherTrainer(OnlineTrainer):
         held = [i for i in own if trajs[enc.refs[i][0]].task_id in self.heldout_tasks]
         train = [i for i in own if trajs[enc.refs[i][0]].task_id not in self.heldout_tasks]
         fresh = [g for g in siblings if trajs[enc.refs[g[0]][0]].task_id not in self.heldout_tasks]
-        metrics["critic/sibling_auc_before"], _ = Fn.sibling_auc(adv, values, fresh)
-        self._add_transitions(train, enc, r, done, next_s, v_sa)
+        auc_before, pairs_before = Fn.sibling_auc(adv, values, fresh)
+        if pairs_before:  # in sample for states seen in earlier iterations; undefined without a pair
+            metrics["critic/sibling_auc_before"] = auc_before
+        metrics.update(self._crossfit_auc(train, fresh, enc, (r, done, next_s, v_sa), values, trajs))
+        self._add_transitions(self.buffer, train, enc, r, done, next_s, v_sa)
         metrics.update(self._critic_updates(cfg.critic_updates))
         self._keep_heldout_pairs([g for g in siblings if g[0] in set(held)], enc, values)
         metrics.update(self._heldout_auc())
-        # 5. actor
-        gate = cfg.critic_gate <= 0 or metrics.get("critic/sibling_auc", 0.0) >= cfg.critic_gate
+        # 5. actor, while the critic ranks siblings out of sample (this iteration's cross-fit, else the held-out tasks)
+        evidence = metrics.get("critic/sibling_auc_xfit", metrics.get("critic/sibling_auc", 0.0))
+        gate = cfg.critic_gate <= 0 or evidence >= cfg.critic_gate
         active = self.critic_steps >= cfg.critic_warmup and gate
         if cfg.actor_loss == "awr":
             self._remember(trajs, enc, siblings, values)
@@ -367,7 +376,7 @@ class ArcherTrainer(OnlineTrainer):
             if active:
                 with self.weights_lock():
                     metrics.update(actor_update(self.model, self.actor_opt, enc.batch, token_adv, enc.ref_logprobs,
-                                                cfg, self.gen, self.ctx))
+                                                cfg, self.gen, self.ctx, loss=_loss(cfg)))
         metrics["actor/active"] = float(active)
         return self.finish_step(metrics)
 
@@ -376,17 +385,16 @@ class ArcherTrainer(OnlineTrainer):
         """Screen ``episodes_per_iter`` training tasks greedily (unsolved and least recently
         screened first), then search from the failed ones."""
         cfg = self.cfg
-        solved = {t for t, ok in self.greedy_outcomes.items() if ok}
+        solved = {t for t, ok in self.tasks.greedy_outcomes.items() if ok}
         tasks = screen_order(self.task_ids, solved, self.screened, cfg.seed, self.iteration, cfg.episodes_per_iter)
-        specs = [EpisodeSpec(t, cfg.seed * 1_000_003 + self.task_ids.index(t), greedy=True) for t in tasks]
+        specs = [EpisodeSpec(t, run_seed(cfg.seed, self.task_ids.index(t)), greedy=True) for t in tasks]
         roots, metrics = self.collect(specs)
         self.screened.update({t: self.iteration for t in tasks})
-        self.greedy_outcomes.update({r.task_id: bool(r.success) for r in roots})
+        self.tasks.record_screen(roots)
         t0 = time.perf_counter()
-        tree = tree_rollout(self.policy, env_factory(self.env_id, self.env_kwargs, cfg), specs, roots=roots,
-                            stops=self._stops, points=cfg.branch_points, width=cfg.branch_width,
-                            depth=cfg.branch_depth, max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs,
-                            workers=cfg.env_workers, pools=self.pools, by=cfg.branch_by)
+        tree = self.collector.tree_rollout(self.env, specs, roots=roots, points=cfg.branch_points,
+                                           width=cfg.branch_width, depth=cfg.branch_depth,
+                                           max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, by=cfg.branch_by)
         branches = tree.episodes[len(roots):]
         failed = {r.task_id for r in roots if not r.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(branches)),
@@ -413,8 +421,8 @@ class ArcherTrainer(OnlineTrainer):
             ref_logprobs, hidden = reference_pass(self.ref, batch, self._hidden, cfg.autocast, self._hidden_layer)
             s, sa = self._features(batch, hidden, trajs)
             return Encoded(list(batch.turn_refs), s, sa, batch, ref_logprobs, hidden)
-        order = sorted(range(len(trajs)), key=lambda i: sum(len(t.action_ids) for t in trajs[i].turns)
-                       + len(trajs[i].turns[-1].prompt_ids if trajs[i].turns else []))
+        order = sorted(range(len(trajs)), key=lambda i: sum(t.num_tokens for t in trajs[i].turns)
+                       + len(trajs[i].prompt_ids(len(trajs[i].turns) - 1) if trajs[i].turns else []))
         parts: dict[tuple[int, int], tuple] = {}
         for c in range(0, len(order), cfg.num_envs):
             idx = order[c : c + cfg.num_envs]
@@ -456,28 +464,63 @@ class ArcherTrainer(OnlineTrainer):
             return Fn.td_advantage(r, v, self.critic.value(next_feat), done, cfg.gamma), q
         return Fn.gae_advantages(r, v, self.critic.value(next_feat), done, cfg.gamma, cfg.gae_lambda), q
 
-    def _add_transitions(self, rows: list[int], enc: Encoded, r, done, next_s, v_sa) -> None:
+    @staticmethod
+    def _add_transitions(buffer: ReplayBuffer, rows: list[int], enc: Encoded, r, done, next_s, v_sa) -> None:
         if not rows:
             return
         index = torch.tensor(rows, dtype=torch.long)
         pick = lambda x: None if x is None else _select(x, index)
-        self.buffer.add(pick(enc.s), pick(enc.sa), r[index], done[index], pick(next_s), v_sa=pick(v_sa))
+        buffer.add(pick(enc.s), pick(enc.sa), r[index], done[index], pick(next_s), v_sa=pick(v_sa))
 
     def _critic_updates(self, n: int) -> dict[str, float]:
+        sums = self._td_steps(self.critic, self.critic_target, self.critic_opt, self.buffer, n, self.ctx)
+        self.critic_steps += n if len(self.buffer) else 0
+        return sums
+
+    def _td_steps(self, critic: UtteranceCritic, target: UtteranceCritic, opt: torch.optim.Optimizer,
+                  buffer: ReplayBuffer, n: int, ctx: DistContext | None = None) -> dict[str, float]:
+        """``n`` TD updates of ``critic`` (and Polyak steps of ``target``) on minibatches of ``buffer``."""
         cfg, sums = self.cfg, {}
         v_action = "sa" if cfg.v_target == "buffer_action" else "v_sa"
-        for _ in range(n if len(self.buffer) else 0):
-            b = self.buffer.sample(cfg.critic_batch_size)
-            loss, stats = td_loss(self.critic, self.critic_target, b, cfg.gamma, v_action)
-            self.critic_opt.zero_grad(set_to_none=True)
+        for _ in range(n if len(buffer) else 0):
+            loss, stats = td_loss(critic, target, buffer.sample(cfg.critic_batch_size), cfg.gamma, v_action)
+            opt.zero_grad(set_to_none=True)
             loss.backward()
-            self.ctx.all_reduce_grads(self.critic.parameters())
-            self.critic_opt.step()
-            soft_update(self.critic_target, self.critic, cfg.tau)
-            self.critic_steps += 1
+            if ctx is not None:
+                ctx.all_reduce_grads(critic.parameters())
+            opt.step()
+            soft_update(target, critic, cfg.tau)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v / n
         return sums
+
+    def _crossfit_auc(self, rows: list[int], groups: list[list[int]], enc: Encoded, transitions: tuple,
+                      values: torch.Tensor, trajs: list[Trajectory]) -> dict[str, float]:
+        """``critic/sibling_auc_xfit``: this iteration's sibling pairs, out of sample. The tasks are
+        split in two halves; for each half, a copy of the critic as it stands trains (``critic_updates``
+        steps, on the replay buffer plus this iteration's turns of the OTHER half) and scores the
+        half's pairs, so no pair is scored by a critic that saw its task this iteration."""
+        if not groups or self._hidden_layer is not None:  # top:K: a copy of its blocks per fold is too dear
+            return {}
+        task = lambda i: trajs[enc.refs[i][0]].task_id
+        half = lambda i: int(hashlib.sha256(f"{self.iteration}:{task(i)}".encode()).hexdigest()[:8], 16) % 2
+        scores = torch.zeros(len(enc.refs))
+        for f in (0, 1):
+            mine = [i for g in groups if half(g[0]) == f for i in g]
+            if not mine:
+                continue
+            critic, target = copy.deepcopy(self.critic), copy.deepcopy(self.critic_target)
+            opt = torch.optim.AdamW(critic.parameters(), lr=self.cfg.critic_lr)
+            buffer = self.buffer.clone()
+            self._add_transitions(buffer, [i for i in rows if half(i) != f], enc, *transitions)
+            self._td_steps(critic, target, opt, buffer, self.cfg.critic_updates)
+            index = torch.tensor(mine, dtype=torch.long)
+            with torch.no_grad():
+                s = critic.encode(_select(enc.s, index))
+                adv = Fn.double_q_min(*critic.q_values(s, _select(enc.sa, index))) - critic.value(s)
+            scores[index] = adv
+        auc, pairs = Fn.sibling_auc(scores, values, groups)
+        return {"critic/sibling_auc_xfit": auc, "critic/sibling_pairs_xfit": float(pairs)} if pairs else {}
 
     def _keep_heldout_pairs(self, groups: list[list[int]], enc: Encoded, values: torch.Tensor) -> None:
         """Store the held-out tasks' sibling groups (features and values): the critic never trains
@@ -511,24 +554,29 @@ class ArcherTrainer(OnlineTrainer):
         if all(y is None for y in labels):
             return {}
         y = torch.tensor([float("nan") if v is None else float(v) for v in labels])
-        return {"critic/auc_expert": Fn.auc(adv, y), "critic/expert_rate": float(y.nan_to_num(0.0).sum() / (~y.isnan()).sum())}
+        out = {"critic/expert_rate": float(y.nan_to_num(0.0).sum() / (~y.isnan()).sum())}
+        auc = Fn.auc(adv, y)
+        if not math.isnan(auc):  # undefined when no turn (or every turn) played the oracle's move
+            out["critic/auc_expert"] = auc
+        return out
 
     # ----- 5. actor ----------------------------------------------------------------------------
     def _remember(self, trajs: list[Trajectory], enc: Encoded, siblings: list[list[int]], values: torch.Tensor) -> None:
         """Keep every sibling group (one state, several actions) for the actor, oldest out first."""
         for g in siblings:
             index = torch.tensor(g, dtype=torch.long)
-            turns = [trajs[enc.refs[i][0]].turns[enc.refs[i][1]] for i in g]
+            turns = [_alone(trajs[enc.refs[i][0]], enc.refs[i][1]) for i in g]  # each a record of its own
             self.memory.append({"task": trajs[enc.refs[g[0]][0]].task_id, "turns": turns,
                                 "s": _select(enc.s, index), "sa": _select(enc.sa, index), "value": values[index],
-                                "logp": torch.tensor([float(sum(t.action_logprobs)) for t in turns])})
+                                "logp": torch.tensor([float(sum(t.action_logprobs(0))) for t in turns])})
         del self.memory[: max(0, len(self.memory) - self.cfg.actor_memory)]
 
     def _awr_update(self) -> dict[str, float]:
         """AWR at remembered states: each sibling's likelihood weighted by its share of
         pi*(a|s) ~ pi(a|s) exp(A / beta) (``Fn.sibling_awr_weights``), A from the current critic (or
         the siblings' returns); states where pi* differs from pi by less than ``awr_min_shift`` are
-        skipped; the demonstrations join with weight 1 on every turn."""
+        skipped, the ``actor_groups`` that differ most are kept, and siblings below ``awr_min_weight``
+        of their state are left out; the demonstrations join with weight 1 on every turn."""
         cfg = self.cfg
         if not self.memory:
             return {}
@@ -547,10 +595,11 @@ class ArcherTrainer(OnlineTrainer):
         prior = Fn.sibling_awr_weights(logp, torch.zeros_like(adv), groups, cfg.awr_beta)  # pi on the siblings
         shift = [0.5 * float((w[g] - prior[g]).abs().sum()) for g in groups]
         useful = [i for i, d in enumerate(shift) if d >= cfg.awr_min_shift]
-        pick = torch.randperm(len(useful), generator=self.gen)[: cfg.actor_groups].tolist()
-        rows = [r for i in sorted(useful[j] for j in pick) for r in groups[i] if float(w[r]) > 1e-3]
+        # the states where the critic most wants another reply; ties by memory order (oldest first)
+        pick = sorted(sorted(useful, key=lambda i: -shift[i])[: cfg.actor_groups])
+        rows = [r for i in pick for r in groups[i] if float(w[r]) >= cfg.awr_min_weight]
         turns = [t for e in self.memory for t in e["turns"]]
-        data = [Trajectory(self.memory[0]["task"], turns=[turns[r]]) for r in rows] + self.experts
+        data = [turns[r] for r in rows] + self.experts
         weight = [float(w[r]) for r in rows] + [1.0] * sum(len(t.turns) for t in self.experts)
         out = {"actor/states": float(len(pick)), "actor/memory": float(len(self.memory)),
                "actor/informative_states": float(len(useful)), "actor/target_shift": sum(shift) / len(shift)}
@@ -559,7 +608,8 @@ class ArcherTrainer(OnlineTrainer):
         batch = pack_batch(data, self.policy.pad_id)
         token_w = Fn.broadcast_to_tokens(torch.tensor(weight), batch.token_turn)
         ref_logprobs = reference_pass(self.ref, batch, False, cfg.autocast)[0] if cfg.kl_coef > 0 else None
-        out.update(actor_update(self.model, self.actor_opt, batch, token_w, ref_logprobs, cfg, self.gen, self.ctx))
+        out.update(actor_update(self.model, self.actor_opt, batch, token_w, ref_logprobs, cfg, self.gen, self.ctx,
+                                loss=_loss(cfg)))
         out.update(advantage_stats(adv))
         return out
 
@@ -584,7 +634,7 @@ class ArcherTrainer(OnlineTrainer):
         """``(N, H)`` phi(s, a') (or its window) of one fresh action a' ~ pi(s) per flat turn, sampled from
         the turn's recorded prompt ids and encoded like the recorded actions (V's target in ``td_loss``)."""
         cfg = self.cfg
-        prompts = [trajs[ti].turns[k].prompt_ids for ti, k in refs]
+        prompts = [trajs[ti].prompt_ids(k) for ti, k in refs]
         sampling = cfg.sampling(self.iteration)
         sampling.seed = self.ctx.rank_seed(sampling.seed) + 0x5EED  # not the collection's own samples
         gens = []
@@ -594,11 +644,11 @@ class ArcherTrainer(OnlineTrainer):
                 gens += self.policy.generate(chunk, sampling, [self._stops] * len(chunk), None,
                                              [k for _, k in refs[i : i + cfg.num_envs]])[0]
         dec = self.policy.tokenizer.decode
-        turns = [Turn(dec(g.action_ids, skip_special_tokens=True), prompt_ids=list(p),
-                      action_ids=list(g.action_ids) or [self.policy.pad_id]) for p, g in zip(prompts, gens)]
-        if self._hidden:  # one sequence per state: its prompt, then a'
-            fbatch = pack_batch([Trajectory(trajs[ti].task_id, turns=[t]) for (ti, _), t in zip(refs, turns)],
-                                self.policy.pad_id)
+        turns = [Turn(dec(g.action_ids, skip_special_tokens=True)) for g in gens]
+        if self._hidden:  # one sequence per state: a branch of the record, its prompt then a'
+            branches = [trajs[ti].record.branch(trajs[ti].turns[k].span[0], list(g.action_ids) or [self.policy.pad_id])
+                        for (ti, k), g in zip(refs, gens)]
+            fbatch = pack_records([(rec, [(0, span)]) for rec, span in branches], self.policy.pad_id)
             return self._features(fbatch, reference_pass(self.ref, fbatch, True, cfg.autocast, self._hidden_layer)[1], [])[1]
         fresh = [Trajectory(trajs[ti].task_id, turns=[*trajs[ti].turns[:k], t], initial_observation=trajs[ti].initial_observation)
                  for (ti, k), t in zip(refs, turns)]
@@ -653,7 +703,7 @@ class ArcherTrainer(OnlineTrainer):
         self.critic_steps = st["critic_steps"]
         self.screened = dict(st.get("screened", {}))
         self.heldout = dict(st.get("heldout", {}))
-        self.memory = [{**e, "turns": [Turn.from_dict(t) for t in e["turns"]]} for e in st.get("memory", [])]
+        self.memory = [{**e, "turns": [Trajectory.from_dict(t) for t in e["turns"]]} for e in st.get("memory", [])]
 
 
 def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s: torch.Tensor | Window):
@@ -663,6 +713,14 @@ def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s
         return Fn.turn_transitions(turn_refs, rewards, s)
     r, done, next_states = Fn.turn_transitions(turn_refs, rewards, s[0])
     return r, done, (next_states, Fn.turn_transitions(turn_refs, rewards, s[1])[2])
+
+
+def heldout_tasks(task_ids: list[str], share: float, seed: int) -> set[str]:
+    """The tasks whose turns the critic never trains on: each task is in with probability ``share``,
+    decided by a hash of (seed, task). Independent of every schedule's RNG (a shuffle seeded like
+    the greedy screen's would hold out exactly the tasks screened first)."""
+    cut = int(share * 2**32)
+    return {t for t in task_ids if int(hashlib.sha256(f"{seed}:{t}".encode()).hexdigest()[:8], 16) < cut}
 
 
 def _row(x: torch.Tensor | Window, i: int):
@@ -694,6 +752,23 @@ def _returns_after(refs: list[tuple[int, int]], rewards: list[list[float]]) -> t
 
 def _check_tokens(trajs: list[Trajectory]) -> None:
     for t in trajs:
-        for turn in t.turns:
-            if turn.action_ids and len(turn.action_logprobs) != len(turn.action_ids):
+        for k in range(len(t.turns)):
+            if any(math.isnan(x) for x in t.action_logprobs(k)):
                 raise ValueError("a turn has action ids but no recorded log-probs; train with a policy that records them")
+
+
+def _alone(traj: Trajectory, k: int) -> Trajectory:
+    """Turn ``k`` of ``traj`` as a one-turn episode: a record that shares ``traj``'s prefix up to the
+    turn's prompt, then holds its action (what the actor's memory keeps of a sibling)."""
+    turn = traj.turns[k]
+    rec, span = traj.record.branch(turn.span[0], traj.action_ids(k), traj.action_logprobs(k))
+    return Trajectory(traj.task_id, turns=[dataclasses.replace(turn, span=span)], record=rec)
+
+
+def _loss(cfg: ArcherConfig) -> str:
+    """The actor step's loss: ``pg_loss`` (awr sets nll: a weighted likelihood), PPO's surrogate by default."""
+    return "ppo" if cfg.pg_loss == "auto" else cfg.pg_loss
+
+
+register_algorithm(Algorithm("archer", section="archer", config=ArcherConfig, trainer=ArcherTrainer,
+                             help="utterance-level critic, token-level actor, on tree rollouts"))
