@@ -100,7 +100,7 @@ def test_readme_python_script_trains_the_pipeline_and_a_trainer_with_its_own_rew
     summary = json.loads((folder / "runs" / "guess_py" / "summary.json").read_text())
     assert summary["held_out"]["final"]["n"] == 20 and "'final'" in out
     rows = [json.loads(line) for line in (folder / "runs" / "guess_grpo" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 1 and rows[0]["iteration"] == 1  # one iteration, with the turn_cost reward registered
+    assert len(rows) == 1 and rows[0]["step"] == 1  # one iteration (make_reward found the registered turn_cost)
 
 
 def test_readme_env_passes_gymnasiums_checker_unpatched(project):
