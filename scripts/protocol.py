@@ -105,6 +105,8 @@ class Protocol:
         algo = arm.algo if arm.is_rl else self.base.algo
         sets = [f"algo={algo}", *arm.overrides, f"seed={seed}", f"sft.seed={seed}", f"archer.seed={seed}",
                 f"pg.seed={seed}", f"branch.seed={seed}", f"output_dir={self.out / f'seed{seed}' / arm.name}"]
+        if not self.args.same_demos:  # each seed's SFT sees its own subset of the training tasks
+            sets += [f"{section}.demo_seed={seed}" for section in ("sft", "archer", "pg", "branch")]
         if rl_iterations is not None:
             sets += [f"{name}.iterations={rl_iterations}" for name in ("archer", "pg", "branch")]
         return apply_overrides(self.base, sets)
@@ -289,6 +291,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--eval-every", type=int, default=0, help="RL iterations between evaluations (0: iterations/4)")
     p.add_argument("--target", type=float, default=None,
                    help="held-out success whose env steps to reach are reported (default: SFT's mean + 0.05)")
+    p.add_argument("--same-demos", action="store_true",
+                   help="every seed's SFT sees the same (first) training tasks; by default seed S draws its own "
+                        "subset (sft.demo_seed=S), so seeds vary the demonstrations, not only the data order")
     p.add_argument("--out", default="runs/protocol")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--report-only", action="store_true",

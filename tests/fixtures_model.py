@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 
+from turngym.agents.hf import HFPolicy
+from turngym.types import Utterance
+
 
 @dataclass
 class TinyModel:
@@ -74,3 +77,14 @@ def policy(tiny_tokenizer):
     # fp32 generation, so tests can check recorded log-probs against fp32 forwards (a bf16 CPU would
     # otherwise generate from a bf16 copy by default)
     return HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+
+
+class EveryGuess(HFPolicy):
+    """The tiny model with every guess of ``tests/Guess-v0`` (text format) as its "runner-up replies":
+    tree rollouts' plumbing, not their ranking (``HFPolicy.alternatives`` itself is tested on the real
+    model code in test_branching)."""
+
+    def alternatives(self, prompts, actions, k, stops=(), max_new_tokens=64):
+        end = sorted(self.chat.end_token_ids)[:1]
+        replies = [(str(n), self.chat.encode(str(n)) + end) for n in range(1, 9)][:k]
+        return [[Utterance(text, list(p), ids, [0.0] * len(ids)) for text, ids in replies] for p in prompts]

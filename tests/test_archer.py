@@ -154,32 +154,34 @@ def test_td_loss_by_hand():
 def test_td_loss_fits_v_to_the_action_it_is_told():
     torch.manual_seed(0)
     critic, target = UtteranceCritic(feat_dim=2, hidden_dim=4), make_target(UtteranceCritic(feat_dim=2, hidden_dim=4))
-    b = {k: torch.randn(3, 2) for k in ("s", "sa", "next_s", "fresh_sa")} | {"reward": t([1.0, 0.0, 0.5]), "done": t([0.0, 1.0, 0.0])}
-    _, fresh = td_loss(critic, target, b, gamma=0.9, v_action="fresh_sa")
+    b = {k: torch.randn(3, 2) for k in ("s", "sa", "next_s", "v_sa")} | {"reward": t([1.0, 0.0, 0.5]), "done": t([0.0, 1.0, 0.0])}
+    _, fresh = td_loss(critic, target, b, gamma=0.9, v_action="v_sa")
     _, recorded = td_loss(critic, target, b, gamma=0.9)
-    _, swapped = td_loss(critic, target, {**b, "sa": b["fresh_sa"]}, gamma=0.9)  # V's target: Q_target(s, a')
+    _, swapped = td_loss(critic, target, {**b, "sa": b["v_sa"]}, gamma=0.9)  # V's target: Q_target(s, a')
     assert fresh["critic/v_loss"] == pytest.approx(swapped["critic/v_loss"])
     assert fresh["critic/v_loss"] != pytest.approx(recorded["critic/v_loss"])
     assert fresh["critic/q_loss"] == pytest.approx(recorded["critic/q_loss"])  # Q still fits the recorded action
 
 
 def test_replay_buffer_keeps_fresh_action_features_with_their_transition():
-    buf = ReplayBuffer(capacity=4, feat_dim=1, seed=0, fresh_action=True)
+    buf = ReplayBuffer(capacity=4, feat_dim=1, seed=0, v_action=True)
     v = t([1.0, 2.0])
-    buf.add(v[:, None], v[:, None], v, torch.zeros(2), v[:, None], fresh_sa=v[:, None] * -1)
+    buf.add(v[:, None], v[:, None], v, torch.zeros(2), v[:, None], v_sa=v[:, None] * -1)
     b = buf.sample(8)
-    assert_close(b["fresh_sa"][:, 0], -b["reward"])
-    again = ReplayBuffer(capacity=4, feat_dim=1, fresh_action=True)
+    assert_close(b["v_sa"][:, 0], -b["reward"])
+    again = ReplayBuffer(capacity=4, feat_dim=1, v_action=True)
     again.load_state_dict(buf.state_dict())
-    assert_close(again.data["fresh_sa"], buf.data["fresh_sa"])
-    with pytest.raises(ValueError, match="fresh_sa"):
+    assert_close(again.data["v_sa"], buf.data["v_sa"])
+    with pytest.raises(ValueError, match="v_sa"):
         buf.add(v[:, None], v[:, None], v, torch.zeros(2), v[:, None])
 
 
 # ----- on the tiny model and the toy env ----------------------------------------------------------
 def _cfg(**kw):
+    """The on-policy variant: sampled episodes, PPO actor on this iteration's batch."""
     base = dict(iterations=1, episodes_per_iter=4, num_envs=4, max_new_tokens=12, critic_updates=4,
-                critic_warmup=0, kl_coef=0.01, minibatch_size=2, checkpoint_every=1)
+                critic_warmup=0, kl_coef=0.01, minibatch_size=2, checkpoint_every=1, collect="sample",
+                actor_loss="ppo", critic_gate=0.0, v_target="buffer_action")
     return ArcherConfig(**{**base, **kw})
 
 
@@ -256,10 +258,9 @@ def test_env_labels_steps_with_the_oracle_move_of_the_state_they_left():
 def test_expert_auc_ranks_oracle_moves_and_skips_unlabelled_turns():
     trajs = [Trajectory("1", turns=[Turn("a", info={"expert_match": True}), Turn("b", info={"expert_match": False}),
                                     Turn("c", info={"expert_match": None})])]
-    batch = SimpleNamespace(turn_refs=[(0, 0), (0, 1), (0, 2)])
-    got = ArcherTrainer._expert_auc(None, trajs, batch, t([0.5, 0.1, 9.0]))
+    got = ArcherTrainer._expert_auc(None, trajs, [(0, 0), (0, 1), (0, 2)], t([0.5, 0.1, 9.0]))
     assert got == {"critic/auc_expert": 1.0, "critic/expert_rate": 0.5}
-    assert ArcherTrainer._expert_auc(None, [Trajectory("1", turns=[Turn("a")])], SimpleNamespace(turn_refs=[(0, 0)]), t([0.0])) == {}
+    assert ArcherTrainer._expert_auc(None, [Trajectory("1", turns=[Turn("a")])], [(0, 0)], t([0.0])) == {}
 
 
 def test_auc_expert_is_logged_every_iteration(policy, tmp_path):
@@ -282,8 +283,8 @@ def test_fresh_action_v_target_stores_a_prime_and_resumes_exactly(policy, tiny_t
     t0 = time.perf_counter()
     rows = full.train(progress=False)
     n, data = len(full.buffer), full.buffer.data
-    assert n > 0 and data["fresh_sa"][:n].abs().sum() > 0
-    assert not torch.equal(data["fresh_sa"][:n], data["sa"][:n])  # a' is not the recorded action
+    assert n > 0 and data["v_sa"][:n].abs().sum() > 0
+    assert not torch.equal(data["v_sa"][:n], data["sa"][:n])  # a' is not the recorded action
     print(f"fresh_action: 2 iterations in {time.perf_counter() - t0:.2f}s")
     make("killed", 1).train(progress=False)
     resumed = make("killed", 2)
@@ -358,7 +359,119 @@ def test_top_k_critic_with_fresh_actions_resumes_exactly(tiny_tokenizer, tmp_pat
     resumed.setup()
     resumed.load(tmp_path / "killed" / "checkpoint")
     assert len(resumed.critic_opt.state) == len(list(resumed.critic.parameters()))  # the encoder's Adam moments too
-    assert resumed.buffer.data["fresh_sa_pos"].shape[1:] == (8,)  # a' is stored as a window too
+    assert resumed.buffer.data["v_sa_pos"].shape[1:] == (8,)  # a' is stored as a window too
     nxt = resumed.step()
     for key in ("critic/q_loss", "critic/v_loss", "critic/td_error", "actor/pg_loss", "adv/mean"):
         assert nxt[key] == pytest.approx(rows[1][key], rel=1e-5, abs=1e-6), key
+
+
+# ----- tree rollouts and the AWR actor (the defaults) ---------------------------------------------
+def _tree_cfg(**kw):
+    base = dict(iterations=1, episodes_per_iter=4, num_envs=4, max_new_tokens=6, critic_updates=8,
+                branch_points=1, branch_width=8, branch_depth=1, branch_by="state_key", critic_holdout=0.25,
+                critic_gate=0.0, actor_groups=8, awr_min_shift=0.0, minibatch_size=4, actor_lr=1e-3, autocast="none")
+    return ArcherConfig(**{**base, **kw})
+
+
+def _tree_trainer(tiny_tokenizer, out, **kw):
+    from fixtures_model import EveryGuess
+
+    policy = EveryGuess(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+    return ArcherTrainer(policy, ENV, _tree_cfg(**kw), env_kwargs={"tool_format": "text"}, out_dir=out)
+
+
+def test_tree_archer_buffers_each_turn_once_scores_siblings_and_trains_the_actor(tiny_tokenizer, tmp_path, monkeypatch):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path)
+    trainer.setup()
+    seen, collect = {}, trainer._collect_tree
+
+    def spy():
+        seen["tree"], metrics = collect()
+        return seen["tree"], metrics
+
+    monkeypatch.setattr(trainer, "_collect_tree", spy)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    row = trainer.step()
+    tree = seen["tree"]
+    assert len(tree.episodes) > len(tree.roots) and tree.sibling_groups()
+    # a branch adds only its own turns: the buffer holds each held-in turn once
+    held_in = [i for i, e in enumerate(tree.episodes) if e.task_id not in trainer.heldout_tasks]
+    assert len(trainer.buffer) == sum(len(tree.own_turns(i)) for i in held_in)
+    assert len(trainer.memory) == len(tree.sibling_groups()) == row["search/sibling_groups"]
+    assert [len(e["turns"]) for e in trainer.memory] == [len(g) for g in tree.sibling_groups()]
+    assert row["actor/active"] == 1.0 and row["actor/informative_states"] > 0 and math.isfinite(row["actor/pg_loss"])
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters() if n in before)
+
+
+def test_tree_v_target_reads_the_parents_reply_at_a_forced_turn(tiny_tokenizer, tmp_path):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path)
+    trainer.setup()
+    tree, _ = trainer._collect_tree()
+    enc = trainer._encode(tree.episodes)
+    row = {ref: i for i, ref in enumerate(enc.refs)}
+    v_sa = trainer._v_action_features(tree, tree.episodes, enc, row)
+    for i in range(len(tree.roots), len(tree.episodes)):
+        p, j = tree.parent[i], tree.branch_turn[i]
+        assert_close(v_sa[row[(i, j)]], enc.sa[row[(p, j)]])  # forced runner-up: V reads the parent's reply
+        if j + 1 < len(tree.episodes[i].turns):
+            assert_close(v_sa[row[(i, j + 1)]], enc.sa[row[(i, j + 1)]])  # after the fork: its own greedy reply
+
+
+def test_tree_encode_in_chunks_matches_one_batch(tiny_tokenizer, tmp_path):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, num_envs=3)
+    trainer.setup()
+    tree, _ = trainer._collect_tree()
+    chunked, whole = trainer._encode(tree.episodes), trainer._encode(tree.episodes, whole=True)
+    assert chunked.refs == whole.refs
+    assert_close(chunked.s, whole.s, atol=1e-4, rtol=1e-4)
+    assert_close(chunked.sa, whole.sa, atol=1e-4, rtol=1e-4)
+
+
+def test_tree_critic_gate_holds_the_actor_until_the_sibling_auc_clears_it(tiny_tokenizer, tmp_path):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, critic_gate=1.0, critic_holdout=0.5)
+    trainer.setup()
+    row = trainer.step()
+    assert row["actor/active"] == float(row.get("critic/sibling_auc", 0.0) >= 1.0)
+    assert ("actor/pg_loss" in row) == bool(row["actor/active"])  # a closed gate trains nothing
+
+
+def test_tree_archer_resumes_exactly(tiny_tokenizer, tmp_path):
+    full = _tree_trainer(tiny_tokenizer, tmp_path / "full", iterations=2)
+    rows = full.train(progress=False)
+    _tree_trainer(tiny_tokenizer, tmp_path / "killed", iterations=1).train(progress=False)
+    resumed = _tree_trainer(tiny_tokenizer, tmp_path / "killed", iterations=2)
+    resumed.setup()
+    resumed.load(tmp_path / "killed" / "checkpoint")
+    assert len(resumed.memory) > 0 and resumed.screened and set(resumed.heldout) == {"s", "sa", "value", "group"}
+    nxt = resumed.step()
+    for key in ("rollout/success", "search/branches", "critic/q_loss", "actor/pg_loss"):
+        assert nxt[key] == pytest.approx(rows[1][key], rel=1e-5, abs=1e-6), key
+
+
+def test_tree_config_is_validated():
+    with pytest.raises(ValueError, match="collect"):
+        ArcherConfig(collect="beam")
+    with pytest.raises(ValueError, match="one process"):
+        ArcherConfig(group_size=4)
+    with pytest.raises(ValueError, match="critic_gate"):
+        ArcherConfig(collect="sample")  # the gate needs sibling pairs
+    with pytest.raises(ValueError, match="pg_loss"):
+        ArcherConfig(pg_loss="ppo")
+    with pytest.raises(ValueError, match="collect=tree"):
+        ArcherConfig(collect="sample", critic_gate=0)  # AWR needs siblings
+    assert ArcherConfig().pg_loss == "nll"
+    assert ArcherConfig(collect="sample", critic_gate=0, actor_loss="ppo").collect == "sample"
+
+
+def test_tree_awr_with_returns_trains_without_the_critic(tiny_tokenizer, tmp_path):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, awr_values="returns")
+    trainer.setup()
+    row = trainer.step()
+    assert row["actor/active"] == 1.0 and row["actor/informative_states"] > 0
+
+
+def test_tree_awr_skips_states_where_the_target_matches_the_policy(tiny_tokenizer, tmp_path):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, awr_min_shift=0.999)  # no state moves that much
+    trainer.setup()
+    row = trainer.step()
+    assert row["actor/informative_states"] == 0 and "actor/pg_loss" not in row

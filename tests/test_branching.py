@@ -11,11 +11,13 @@ import torch
 from turngym.agents.base import SamplingParams
 from turngym.agents.hf import HFPolicy
 from turngym.rollout import EpisodeSpec, make_env_factory, rollout
-from turngym.rollout.branching import branch_points, branch_search
+from turngym.rollout.branching import Tree, branch_points, branch_search, observation_key, tree_rollout, visit_keys
+from turngym.types import Message
 from turngym.rollout.episode import branch_of
 from turngym.trainers.branch_bc import BranchBCConfig, BranchBCTrainer, better
 from turngym.types import Trajectory, Turn, Utterance
 
+from fixtures_model import EveryGuess as _EveryGuess
 from fixtures_model import build_tiny_model
 
 ENV = "tests/Guess-v0"
@@ -40,6 +42,37 @@ def test_branch_points_by_hand():
     assert branch_points(_episode(["s1", "s2", "s3", "s2"]), 3, after=2) == [3, 2]
     # without state keys: the last turns
     assert branch_points(Trajectory("t", [Turn("a"), Turn("b"), Turn("c")]), 2) == [2, 1]
+
+
+def _seen(texts, opening="room A"):
+    """A trajectory whose turns were answered with ``texts`` (what the agent was shown), no state keys."""
+    turns = [Turn(f"a{i}", observation=[Message("user", t)]) for i, t in enumerate(texts)]
+    return Trajectory("t", turns, initial_observation=[Message("system", "rules"), Message("user", opening)])
+
+
+def test_branch_points_from_what_the_agent_was_shown():
+    # A -a0-> B -a1-> A: turn 1 brought back an observation already shown (whitespace aside)
+    traj = _seen(["room  B", "room A", "room B"])
+    assert visit_keys(traj)[0] == observation_key([Message("user", "room A")]) == visit_keys(traj)[2]
+    assert branch_points(traj, 2, by="observation") == [1, 0]
+    assert branch_points(traj, 2, by="state_key") == [2, 1]  # no state keys: the last turns
+    with pytest.raises(ValueError, match="branch_by"):
+        visit_keys(traj, "facts")
+
+
+def test_tree_own_turns_and_sibling_groups_by_hand():
+    root = _episode(["s1", "s2", "s1"])
+    b1 = _episode(["s1", "s3"], outcome=1.0)
+    b1.metadata.update(parent=0, branch_turn=1)  # left the root at turn 1
+    b2 = _episode(["s1", "s4", "s5"])
+    b2.metadata.update(parent=0, branch_turn=1)
+    b3 = _episode(["s1", "s4", "s6"], outcome=1.0)
+    b3.metadata.update(parent=2, branch_turn=2)  # left b2 at its turn 2
+    tree = Tree.from_search([root], [b1, b2, b3])
+    assert tree.parent == [-1, 0, 0, 2] and tree.branch_turn == [0, 1, 1, 2] and tree.roots == [root]
+    assert list(tree.own_turns(0)) == [0, 1, 2] and list(tree.own_turns(2)) == [1, 2] and list(tree.own_turns(3)) == [2]
+    groups = sorted(tree.sibling_groups())
+    assert groups == [[(0, 1), (1, 1), (2, 1)], [(2, 2), (3, 2)]]
 
 
 def test_memory_prefers_the_higher_return_then_the_shorter_success():
@@ -125,16 +158,6 @@ def test_alternatives_fork_the_least_certain_token_and_packed_equals_plain(tiny_
     assert forced == sorted(forced, reverse=True)
 
 
-class _EveryGuess(HFPolicy):
-    """The tiny model with every guess as its "runner-up replies": the search's plumbing, not its ranking
-    (``alternatives`` itself is tested above on the real model code)."""
-
-    def alternatives(self, prompts, actions, k, stops=(), max_new_tokens=64):
-        end = sorted(self.chat.end_token_ids)[:1]
-        replies = [(str(n), self.chat.encode(str(n)) + end) for n in range(1, 9)][:k]
-        return [[Utterance(text, list(p), ids, [0.0] * len(ids)) for text, ids in replies] for p in prompts]
-
-
 def test_branch_search_returns_whole_episodes_that_leave_their_root_once(tiny_tokenizer):
     policy = _EveryGuess(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
     spec, root = _played(policy, task="4")
@@ -147,6 +170,12 @@ def test_branch_search_returns_whole_episodes_that_leave_their_root_once(tiny_to
         assert [x.action_ids for x in t.turns[:j]] == [x.action_ids for x in root.turns[:j]]
         assert t.turns[j].action_text != root.turns[j].action_text
     assert sum(t.success for t in found) == 1  # exactly one guess is right
+    assert all(t.metadata["parent"] == 0 for t in found)
+    tree = tree_rollout(policy, make_env_factory(ENV, **TEXT), [spec], roots=[root], points=1, width=8,
+                        max_new_tokens=6, by="state_key")
+    assert tree.episodes[0] is root and len(tree.episodes) == 1 + len(found)
+    (group,) = tree.sibling_groups()  # the root's turn j and every reply tried there
+    assert group[0] == (0, j) and len(group) == 1 + len(found)
     with pytest.raises(ValueError, match="alternative"):
         branch_search(object(), make_env_factory(ENV, **TEXT), [(spec, root)])
 

@@ -154,3 +154,24 @@ def test_auc_by_hand_with_ties_and_unknown_labels():
     assert Fn.auc(scores, labels) == 0.875
     assert Fn.auc(t([0.1, 0.2]), t([0.0, 1.0])) == 1.0 and Fn.auc(t([0.2, 0.1]), t([0.0, 1.0])) == 0.0
     assert math.isnan(Fn.auc(scores, t([1.0] * 5))) and math.isnan(Fn.auc(scores, t([0.0] * 5)))
+
+
+def test_sibling_auc_by_hand():
+    # group A: values 1 > 0 > 0 (the first earned more): scores 0.9, 0.1, 0.5 -> pairs (0,1) right, (0,2) right
+    # group B: values 0, 1: scores 0.3, 0.3 -> one tie = 1/2.  AUC = (1 + 1 + 0.5) / 3
+    scores = torch.tensor([0.9, 0.1, 0.5, 0.3, 0.3])
+    values = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0])
+    auc, pairs = Fn.sibling_auc(scores, values, [[0, 1, 2], [3, 4]])
+    assert pairs == 3
+    torch.testing.assert_close(auc, 2.5 / 3)
+    assert math.isnan(Fn.sibling_auc(scores, torch.zeros(5), [[0, 1]])[0])  # equal values: no pair
+
+
+def test_sibling_awr_weights_by_hand():
+    # one state, greedy reply p=0.9 (A=0) and a runner-up p=0.1 that earned more (A=0.2), beta=0.1:
+    # pi* ~ 0.9 * e^0 : 0.1 * e^2  ->  w = (0.9, 0.1 e^2) / (0.9 + 0.1 e^2)
+    logp = torch.log(torch.tensor([0.9, 0.1, 0.5, 0.5, 1.0]))
+    adv = torch.tensor([0.0, 0.2, 0.0, 0.0, 3.0])
+    w = Fn.sibling_awr_weights(logp, adv, [[0, 1], [2, 3]], beta=0.1)
+    z = 0.9 + 0.1 * math.exp(2.0)
+    torch.testing.assert_close(w, torch.tensor([0.9 / z, 0.1 * math.exp(2.0) / z, 0.5, 0.5, 0.0]))

@@ -12,7 +12,8 @@ import pytest
 import torch
 from fixtures_model import build_tiny_model
 
-from turngym.bench.metrics import mcnemar_exact, paired_comparison
+from turngym.bench.metrics import (bootstrap_diff, cluster_bootstrap_diff, mcnemar_exact, paired_comparison,
+                                   seed_t_interval)
 from turngym.bench.protocol import compare_arms, markdown_report, release_memory, steps_to_target
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "protocol.py"
@@ -45,6 +46,33 @@ def test_paired_comparison_by_hand():
     assert frac["diff"] == 0.5 and frac["ci"] == [0.5, 0.5] and frac["p_mcnemar"] is None
 
 
+def test_seed_t_interval_by_hand():
+    # diffs 0.1, 0.2, 0.3: mean 0.2, sd 0.1, se 0.1 / sqrt(3), t(2) = 4.303
+    t = seed_t_interval([0.1, 0.2, 0.3])
+    half = 4.303 * 0.1 / 3 ** 0.5
+    torch.testing.assert_close(t["ci"], [0.2 - half, 0.2 + half])
+    assert t["seeds"] == 3 and seed_t_interval([0.4])["seeds"] == 1
+    with pytest.raises(ValueError):
+        seed_t_interval([])
+
+
+def test_cluster_bootstrap_keeps_a_games_seeds_together():
+    # every game's seed-mean difference is 0.5 -> every resample's mean is 0.5
+    c = cluster_bootstrap_diff([[0, 0], [1, 1]], [[1, 1], [1, 1]])
+    assert c["diff"] == 0.5 and c["ci"] == [0.5, 0.5] and (c["games"], c["seeds"]) == (2, 2)
+    # three seeds that replay the same 32 outcomes: pooling their 96 pairs as independent narrows
+    # the interval by about sqrt(3); resampling games (clusters) does not
+    a = [[0] * 16 + [1] * 16] * 3
+    b = [[1] * 8 + [0] * 8 + [1] * 16] * 3
+    clustered = cluster_bootstrap_diff(a, b)
+    naive = bootstrap_diff(sum(a, []), sum(b, []), paired=True)
+    width = lambda r: r["ci"][1] - r["ci"][0]
+    assert clustered["diff"] == naive["diff"] == 0.25
+    assert width(clustered) > 1.5 * width(naive)
+    with pytest.raises(ValueError, match="S x G"):
+        cluster_bootstrap_diff([[0, 1]], [[0, 1, 1]])
+
+
 def _rec(greedy, temp=None, groups=None):
     n = len(greedy)
     return {"success": sum(greedy) / n, "success_ci95": [0.0, 1.0], "episodes": n, "per_episode_success": greedy,
@@ -61,8 +89,10 @@ def test_compare_arms_per_seed_mean_and_pooled():
     assert t["rl"]["per_seed"][1]["vs_sft"]["greedy"]["diff"] == 0.0
     m = t["rl"]["mean"]
     assert m["success"] == 0.625 and m["vs_sft"] == 0.25 and m["n"] == 8
-    pooled = m["pooled_vs_sft"]["greedy"]  # 8 pairs, 2 discordant (both for rl): diff 2/8
-    assert pooled["n"] == 8 and pooled["diff"] == 0.25 and pooled["p_mcnemar"] == 0.5
+    pooled = m["pooled_vs_sft"]["greedy"]  # games' seed-mean differences 0.5, 0.5, 0, 0: diff 0.25
+    assert (pooled["games"], pooled["seeds"], pooled["diff"]) == (4, 2, 0.25) and 0 <= pooled["ci"][0] <= 0.25
+    seed_t = m["seed_t_vs_sft"]  # seeds' differences 0.5 and 0: mean 0.25, se 0.25, t(1) = 12.706
+    torch.testing.assert_close(seed_t["ci"], [0.25 - 12.706 * 0.25, 0.25 + 12.706 * 0.25])
     assert "vs_sft" not in t["sft"]["per_seed"][0]
     assert t["sft"]["by_group"]["a"] == {"success": 0.5, "ci95": pytest.approx([0.0945, 0.9055], abs=1e-3), "n": 2}
 
@@ -204,3 +234,16 @@ def test_release_memory_gives_freed_heap_pages_back():
     released = rss_mb()
     assert kept - released > 50, (loaded, kept, released)  # MB; about 160 here
     assert len(survivor) == 4096
+
+
+def test_demo_seeds_choose_different_training_tasks_and_the_rl_stage_must_agree():
+    from turngym.train import TrainConfig
+    from turngym.trainers.sft import SFTConfig, demo_task_ids
+
+    tasks = [f"t{i}" for i in range(64)]
+    assert demo_task_ids(tasks, 8) == tasks  # -1: the first tasks, cycled by episode_specs
+    subsets = [demo_task_ids(tasks, 8, s) for s in (0, 1, 2)]
+    assert all(len(set(s)) == 8 for s in subsets) and len({tuple(s) for s in subsets}) == 3
+    assert demo_task_ids(tasks, 8, 1) == subsets[1]  # deterministic
+    with pytest.raises(ValueError, match="branch.demo_seed"):
+        TrainConfig(sft=SFTConfig(demo_seed=1))  # the quickstart's branch stage replays 8 demonstrations

@@ -155,3 +155,57 @@ def test_nested_spa_state_round_trips_through_the_reward_tree(tmp_path):
     assert a(probe) == b(probe)
     with pytest.raises(ValueError, match="reward state"):
         load_reward_state_dict(make_reward("outcome"), state)
+
+
+# ----- SPA-RL's setting: the SFT'd policy's features, fitted once on exploration episodes, frozen ----
+def _played(policy, n=3):
+    from turngym.rollout import episode_specs, make_env_factory, rollout
+    from turngym.agents.base import SamplingParams
+
+    return rollout(policy, make_env_factory("tests/Guess-v0", tool_format="text"), episode_specs(["2", "5", "7"], n),
+                   sampling=SamplingParams(1.0, max_new_tokens=4, seed=0), progress=False)
+
+
+def test_policy_encoder_reads_the_recorded_tokens_at_state_and_action(policy):
+    from turngym.rewards.encoders import PolicyEncoder
+
+    traj = next(t for t in _played(policy) if len(t.turns) >= 2)
+    enc = PolicyEncoder(policy.model)
+    feats = enc.encode_trajectory(traj)
+    assert feats.shape == (len(traj.turns), enc.dim) and enc.dim == 2 * policy.model.config.hidden_size
+    last = traj.turns[-1]
+    ids = torch.tensor([list(last.prompt_ids) + list(last.action_ids)])
+    with torch.no_grad():
+        h = policy.model.model(input_ids=ids).last_hidden_state[0]
+    t1 = traj.turns[1]
+    s, a = len(t1.prompt_ids) - 1, len(t1.prompt_ids) + len(t1.action_ids) - 1
+    torch.testing.assert_close(feats[1], torch.cat([h[s], h[a]]), atol=1e-4, rtol=1e-4)
+    with pytest.raises(RuntimeError, match="bind"):
+        PolicyEncoder().encode_trajectory(traj)
+
+
+def test_spa_fit_first_trains_once_on_exploration_episodes_then_stays_frozen(policy):
+    spa = make_reward({"name": "spa", "encoder": "policy", "online": False, "fit_first": 20})
+    assert spa.wants_policy and spa.head is None
+    spa.bind_policy(policy.model)
+    first = _played(policy)
+    first[0].outcome = 1.0  # the random tiny model wins nothing: give the estimator something to attribute
+    head0 = [p.detach().clone() for p in spa.head.parameters()]
+    spa(first)
+    trained = [p.detach().clone() for p in spa.head.parameters()]
+    assert spa.fitted and spa.stats["reward/spa_frozen"] == 1.0
+    assert any(not torch.equal(a, b) for a, b in zip(head0, trained))
+    spa(_played(policy))  # later batches are only scored
+    assert all(torch.equal(a, b) for a, b in zip(trained, spa.head.parameters()))
+    with pytest.raises(ValueError, match="fit_first"):
+        SPAConfig(fit_first=5)  # online training and a one-off fit do not mix
+
+
+def test_a_trainer_binds_its_reference_to_spa(policy, tmp_path):
+    from turngym.trainers.pg import PGConfig, PGTrainer
+
+    cfg = PGConfig(algo="rloo", iterations=1, episodes_per_iter=2, group_size=2, num_envs=2, max_new_tokens=4,
+                   autocast="none", reward=["env", {"name": "spa", "encoder": "policy", "online": False, "fit_first": 5}])
+    trainer = PGTrainer(policy, "tests/Guess-v0", cfg, out_dir=tmp_path)
+    row = trainer.step() if trainer.setup() is None else None
+    assert trainer.ref is not None and row["reward/spa_frozen"] == 1.0

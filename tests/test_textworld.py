@@ -394,3 +394,24 @@ def test_message_types(tw_root):
     step_obs = env.step(hermes("look"))[0]
     assert all(isinstance(m, Message) for m in obs + step_obs)
     assert step_obs[0].role == "tool" and step_obs[0].name == "act"
+
+
+def test_a_candidate_textworld_cannot_generate_is_skipped_and_recorded(monkeypatch):
+    """Some seeds admit no quest: TextWorld raises QuestGenerationError on every try (medium test
+    candidate 44, after about a minute of retries). Such a candidate is skipped, not fatal."""
+    import textworld
+    import textworld.challenges
+    from textworld.generator import QuestGenerationError
+
+    from turngym.envs.textworld.games import _make_game, get_suite
+
+    def no_quest(settings, options):
+        raise QuestGenerationError("no quest for this seed")
+
+    challenges = dict(textworld.challenges.CHALLENGES)
+    challenges["tw-treasure_hunter"] = (challenges["tw-treasure_hunter"][0], no_quest, *challenges["tw-treasure_hunter"][2:])
+    monkeypatch.setattr(textworld.challenges, "CHALLENGES", challenges)
+    suite = get_suite("medium")
+    c = next(i for i in range(10) if suite.variants[i % len(suite.variants)].challenge == "tw-treasure_hunter")
+    assert _make_game(textworld, suite, "medium", "test", c, set()) == {
+        "skipped": c, "seed": 21_000_000 + c, "reason": "QuestGenerationError"}

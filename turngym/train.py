@@ -129,6 +129,11 @@ class TrainConfig:
             raise ValueError(f"model must be default or hf:PATH (a model this process can train), got {self.model!r}")
         if self.algo in ALGOS and self.pg.algo != self.algo:
             self.pg = PGConfig(**_pg_fields_for(self.algo, asdict(self.pg)))
+        name, section = rl_section(self)
+        if getattr(section, "expert_replay", 0) and section.demo_seed != self.sft.demo_seed:
+            raise ValueError(f"{name}.expert_replay replays the SFT stage's demonstrations, but {name}.demo_seed="
+                             f"{section.demo_seed} and sft.demo_seed={self.sft.demo_seed} choose different tasks; "
+                             f"set both to the same value")
 
 
 def rl_section(cfg: TrainConfig) -> tuple[str, Any]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
-from turngym.bench.metrics import paired_comparison, wilson_interval
+from turngym.bench.metrics import cluster_bootstrap_diff, paired_comparison, seed_t_interval, wilson_interval
 from turngym.rollout import EnvPools
 
 BASELINES = ("sft", "sft_continued")
@@ -130,7 +130,9 @@ def compare_arms(finals: dict[str, dict[int, dict]], baselines: tuple[str, ...] 
     Returns:
         ``{arm: {"per_seed": {seed: {"greedy", "vs_<baseline>"...}}, "mean": {...}, "by_group": {...}}}``:
         ``mean`` holds the mean over seeds of success, temperature success and each ``vs`` difference,
-        plus ``pooled_vs_<baseline>`` (one paired comparison over all seeds' games); ``by_group`` the
+        plus ``seed_t_vs_<baseline>`` (a t-interval over the per-seed differences) and
+        ``pooled_vs_<baseline>`` (a cluster bootstrap over games, every game's seeds resampled
+        together: the seeds replay the same games, so their pairs are not independent); ``by_group`` the
         greedy success per report group, pooled over seeds.
     """
     out = {}
@@ -159,18 +161,27 @@ def _mean_row(arm: str, by_seed: dict, per_seed: dict, finals: dict, baselines: 
         if b == arm or not diffs:
             continue
         mean[key] = float(np.mean(diffs))
+        mean[f"seed_t_{key}"] = seed_t_interval(diffs)
         seeds = [s for s in by_seed if key in per_seed[s]]
-        pooled = _vs(_concat([finals[b][s] for s in seeds]), _concat([by_seed[s] for s in seeds]))
+        pooled = _pooled_vs([finals[b][s] for s in seeds], [by_seed[s] for s in seeds])
         if pooled is not None:
             mean[f"pooled_{key}"] = pooled
     return mean
 
 
-def _concat(recs: list[dict]) -> dict:
-    """One record holding several seeds' games in a row (for pooled paired statistics)."""
-    cat = lambda key: [x for r in recs for x in r.get(key) or []]
-    return {"games": cat("games"), "per_episode_success": cat("per_episode_success"),
-            "per_episode_temp_success": cat("per_episode_temp_success")}
+def _pooled_vs(base: list[dict], recs: list[dict]) -> dict | None:
+    """Seeds pooled: a cluster bootstrap over games (each game's seeds resampled together), on the
+    greedy outcomes and on the per-game temperature means. None when the seeds' game lists differ
+    (then games are not clusters)."""
+    games = base[0]["games"]
+    if any(r["games"] != games for r in (*base, *recs)):
+        return None
+    out = {"greedy": cluster_bootstrap_diff([r["per_episode_success"] for r in base],
+                                            [r["per_episode_success"] for r in recs])}
+    if all(r.get("per_episode_temp_success") for r in (*base, *recs)):
+        out["temp"] = cluster_bootstrap_diff([r["per_episode_temp_success"] for r in base],
+                                             [r["per_episode_temp_success"] for r in recs])
+    return out
 
 
 def _by_group(recs) -> dict:
@@ -261,8 +272,7 @@ def markdown_report(table: dict, *, title: str = "Learning protocol", note: str 
         m = res["mean"]
         cells = [f"**{arm}**", f"mean of {m['seeds']}", f"{m['success']:.1%} ({m['n']} games)", _pct(m["temp_success"])]
         for b in bases:
-            pooled = m.get(f"pooled_vs_{b}", {}).get("greedy")
-            cells.append("-" if pooled is None else f"{m[f'vs_{b}']:+.1%}; pooled {_diff(pooled)}")
+            cells.append(_pooled_cell(m, b))
         lines.append("| " + " | ".join(cells) + " |")
     if to_target:
         lines += ["", f"## Env steps to reach {target:.1%} held-out greedy success", "",
@@ -280,6 +290,24 @@ def markdown_report(table: dict, *, title: str = "Learning protocol", note: str 
         cells = [g] + [_group_cell(res["by_group"].get(g)) for res in table.values()]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _pooled_cell(mean: dict, base: str) -> str:
+    """The mean row's cell against ``base``: the mean paired difference, the cluster-bootstrap
+    interval over games (seeds kept together) and the seed-level t-interval."""
+    key = f"vs_{base}"
+    if key not in mean:
+        return "-"
+    cell = f"{mean[key]:+.1%}"
+    pooled = mean.get(f"pooled_{key}", {}).get("greedy")
+    if pooled is not None:
+        lo, hi = pooled["ci"]
+        cell += f"; games-cluster [{lo:+.1%}, {hi:+.1%}]"
+    t = mean.get(f"seed_t_{key}")
+    if t is not None and t["seeds"] > 1:
+        lo, hi = t["ci"]
+        cell += f"; seeds-t [{lo:+.1%}, {hi:+.1%}]"
+    return cell
 
 
 def _group_cell(c: dict | None) -> str:

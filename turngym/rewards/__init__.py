@@ -12,8 +12,8 @@ Registered names for ``make_reward`` (see ``turngym.rewards.base`` for the spec 
 """
 
 from turngym.rewards.base import (
-    EnvReward, OutcomeReward, RewardTransform, Scale, Sum, available_rewards, load_reward_state_dict, make_reward,
-    register_reward, reward_state_dict, reward_stats,
+    EnvReward, OutcomeReward, RewardTransform, Scale, Sum, available_rewards, bind_policy, load_reward_state_dict,
+    make_reward, register_reward, reward_state_dict, reward_stats, wants_policy,
 )
 from turngym.rewards.format import FormatReward
 from turngym.rewards.gated import GatedReward
@@ -36,6 +36,7 @@ register_reward("spa", _spa)
 
 __all__ = [
     "RewardTransform", "EnvReward", "OutcomeReward", "Sum", "Scale", "make_reward", "register_reward",
-    "available_rewards", "reward_stats", "reward_state_dict", "load_reward_state_dict", "FormatReward",
+    "available_rewards", "reward_stats", "bind_policy", "wants_policy", "reward_state_dict", "load_reward_state_dict",
+    "FormatReward",
     "ToolUseReward", "tool_use_score", "ShapedStepReward", "GatedReward",
 ]

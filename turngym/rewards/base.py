@@ -144,17 +144,37 @@ def _make_one(spec: Spec) -> RewardTransform:
     return transform if weight is None else Scale(transform, weight)
 
 
-def reward_stats(transform: Any) -> dict[str, float]:
-    """The ``stats`` of ``transform`` and of every transform inside it (from its last call)."""
-    out: dict[str, float] = {}
-    stack = [transform]
+def walk(transform: Any) -> list[Any]:
+    """``transform`` and every transform inside it (through ``Sum``, ``Scale`` and wrappers)."""
+    out, stack = [], [transform]
     while stack:
         t = stack.pop()
-        out.update(getattr(t, "stats", None) or {})
+        out.append(t)
         children = getattr(t, "children", None)
         if callable(children):
             stack.extend(children())
     return out
+
+
+def reward_stats(transform: Any) -> dict[str, float]:
+    """The ``stats`` of ``transform`` and of every transform inside it (from its last call)."""
+    out: dict[str, float] = {}
+    for t in walk(transform):
+        out.update(getattr(t, "stats", None) or {})
+    return out
+
+
+def bind_policy(transform: Any, model: Any) -> int:
+    """Give every transform that reads the policy's features (``wants_policy``, e.g. SPA with
+    ``encoder=policy``) the frozen ``model``; returns how many there were."""
+    readers = [t for t in walk(transform) if getattr(t, "wants_policy", False)]
+    for t in readers:
+        t.bind_policy(model)
+    return len(readers)
+
+
+def wants_policy(transform: Any) -> bool:
+    return any(getattr(t, "wants_policy", False) for t in walk(transform))
 
 
 def _stateful(transform: Any, path: str = "0") -> list[tuple[str, Any]]:

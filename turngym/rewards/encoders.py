@@ -7,6 +7,9 @@ ship here:
   download, microseconds per step: the CPU default.
 - ``LMEncoder``: mean-pooled last hidden states of a frozen (small) language model over the
   rendered step. Features are computed once per step (the caller keeps them).
+- ``PolicyEncoder``: the policy's own view: a frozen copy of the (SFT'd) policy run over the
+  episode's recorded token ids (nothing re-tokenized), its final hidden states at each turn's last
+  prompt token and last action token. A trainer binds it (``bind_policy``) to its reference model.
 
 ``make_encoder("hash" | "lm:PATH" | "default", ...)`` builds one from a config string.
 """
@@ -152,9 +155,62 @@ class LMEncoder:
         return torch.cat(outs) if outs else torch.zeros(0, self.dim)
 
 
+class PolicyEncoder:
+    """``(T, 2H)`` features of a trajectory's turns: ``[h(s_t), h(s_t, a_t)]``, the final hidden
+    states of a frozen causal LM at the turn's last prompt token and last action token, over the
+    token ids recorded at sampling time. A turn whose prompt does not extend the previous turn's
+    record (a re-rendered conversation) starts a new sequence.
+
+    Args:
+        model: The frozen model (e.g. a trainer's reference copy of the SFT'd policy); ``None`` until
+            ``bind`` is called.
+    """
+
+    def __init__(self, model: Any = None) -> None:
+        self.model = None
+        self.dim = 0
+        if model is not None:
+            self.bind(model)
+
+    def bind(self, model: Any) -> None:
+        self.model = model
+        self.dim = 2 * int(model.config.get_text_config().hidden_size)
+
+    @torch.no_grad()
+    def encode_trajectory(self, traj: Trajectory) -> torch.Tensor:
+        """Raises: RuntimeError: no model is bound; ValueError: a turn carries no token ids."""
+        if self.model is None:
+            raise RuntimeError("PolicyEncoder has no model: the trainer binds its reference (bind_policy)")
+        segments: list[list[int]] = []  # turn indices sharing one token sequence
+        for k, turn in enumerate(traj.turns):
+            if not turn.action_ids:
+                raise ValueError("PolicyEncoder reads recorded token ids; this turn has none")
+            prev = traj.turns[k - 1] if k else None
+            extends = prev is not None and turn.prompt_ids[: len(prev.prompt_ids) + len(prev.action_ids)] == \
+                list(prev.prompt_ids) + list(prev.action_ids)
+            if extends:
+                segments[-1].append(k)
+            else:
+                segments.append([k])
+        base = getattr(self.model, "get_base_model", lambda: self.model)()
+        backbone = base.base_model
+        device = next(backbone.parameters()).device
+        rows = []
+        for seg in segments:
+            last = traj.turns[seg[-1]]
+            ids = torch.tensor([list(last.prompt_ids) + list(last.action_ids)], device=device)
+            h = backbone(input_ids=ids, use_cache=False).last_hidden_state[0].float().cpu()
+            for k in seg:
+                t = traj.turns[k]
+                s_pos, a_pos = len(t.prompt_ids) - 1, len(t.prompt_ids) + len(t.action_ids) - 1
+                rows.append(torch.cat([h[s_pos], h[a_pos]]))
+        return torch.stack(rows) if rows else torch.zeros(0, self.dim)
+
+
 def make_encoder(spec: str, dim: int = 2048, ngram: int = 2) -> Encoder:
     """``hash`` -> ``HashedNgramEncoder(dim, ngram)``; ``lm:PATH`` -> ``LMEncoder(PATH)``;
-    ``default`` -> ``LMEncoder`` over the embedded SmolLM2-135M.
+    ``default`` -> ``LMEncoder`` over the embedded SmolLM2-135M; ``policy`` -> an unbound
+    ``PolicyEncoder`` (the trainer binds its reference model).
 
     Raises:
         ValueError: an unknown spec.
@@ -163,8 +219,10 @@ def make_encoder(spec: str, dim: int = 2048, ngram: int = 2) -> Encoder:
         return HashedNgramEncoder(dim, ngram)
     if spec.startswith("lm:"):
         return LMEncoder(spec[3:])
+    if spec == "policy":
+        return PolicyEncoder()
     if spec == "default":
         from turngym.agents.default_model import load_default_model
 
         return LMEncoder(*load_default_model())
-    raise ValueError(f"unknown encoder {spec!r}; use hash, lm:PATH or default")
+    raise ValueError(f"unknown encoder {spec!r}; use hash, lm:PATH, default or policy")

@@ -16,7 +16,10 @@ contributions of a scored trajectory add up to its outcome exactly (return decom
 Online (``online=True``): each call adds the batch to a trajectory buffer and trains ``updates``
 steps before scoring the batch, so it plugs into any trainer as a plain reward transform (the
 trainers call their transform once per iteration with the new batch). Offline: ``fit(trajs)`` on
-a buffer of trajectories, then call with ``online=False``.
+a buffer of trajectories, then call with ``online=False``; or, as SPA-RL does, ``fit_first=N``:
+the first batch it is called with (a tree rollout's exploration episodes) trains it for N steps,
+and it is frozen from then on. ``encoder="policy"`` reads the SFT'd policy's own hidden states
+(``PolicyEncoder``; the trainer binds its reference model through ``bind_policy``).
 
 ``state_dict`` / ``load_state_dict`` hold the head, its optimizer, the buffer and the sampling
 RNG, so a trainer can checkpoint the estimator with its own state.
@@ -47,7 +50,10 @@ class SPAConfig:
     alpha: float = knob(1.0, "weight of the estimated contribution c_t")
     bonus: float = knob(0.1, "beta: grounding bonus for a valid, executed action")
     exact_sum: bool = knob(False, "spread the residual so contributions sum to the outcome exactly")
-    encoder: str = knob("hash", "hash | lm:PATH | default (the embedded SmolLM2)")
+    encoder: str = knob("hash", "hash | lm:PATH | default (the embedded SmolLM2) | policy (the trainer's frozen copy "
+                                "of the SFT'd policy over the recorded token ids)")
+    fit_first: int = knob(0, "with online=false: the first batch scored trains the estimator this many steps, "
+                             "then it stays frozen (SPA-RL: offline on exploration episodes); 0 = off")
     dim: int = knob(2048, "feature size of the hash encoder")
     ngram: int = knob(2, "longest word n-gram of the hash encoder")
     history_turns: int = knob(2, "preceding (action, observation) pairs in the step's history")
@@ -63,6 +69,8 @@ class SPAConfig:
             raise ValueError("updates must be >= 0; batch_size, buffer_size and hidden >= 1")
         if self.history_turns < 0:
             raise ValueError("history_turns must be >= 0")
+        if self.fit_first < 0 or (self.fit_first and self.online):
+            raise ValueError("fit_first must be >= 0 and needs online=false (it trains once, then freezes)")
 
 
 # ----- pure math -------------------------------------------------------------------------------
@@ -148,18 +156,38 @@ class ProgressReward:
             raise ValueError(f"unknown SPA knob(s) {sorted(set(overrides) - names)}; valid: {sorted(names)}")
         self.cfg = SPAConfig(**{**asdict(cfg or SPAConfig()), **overrides})
         self.encoder = encoder or make_encoder(self.cfg.encoder, self.cfg.dim, self.cfg.ngram)
+        self.head: ProgressHead | None = None
+        self.opt: torch.optim.Optimizer | None = None
+        self.fitted = False
+        if self.encoder.dim:  # a policy encoder learns its size when it is bound
+            self._build_head()
+        self.gen = torch.Generator().manual_seed(self.cfg.seed)
+        self.buffer: deque[tuple[torch.Tensor, float]] = deque(maxlen=self.cfg.buffer_size)
+        self.stats: dict[str, float] = {}
+
+    def _build_head(self) -> None:
         with torch.random.fork_rng(devices=[]):  # do not move the trainer's global RNG
             torch.manual_seed(self.cfg.seed)
             self.head = ProgressHead(self.encoder.dim, self.cfg.hidden)
         self.opt = torch.optim.Adam(self.head.parameters(), lr=self.cfg.lr)
-        self.gen = torch.Generator().manual_seed(self.cfg.seed)
-        self.buffer: deque[tuple[torch.Tensor, float]] = deque(maxlen=self.cfg.buffer_size)
-        self.stats: dict[str, float] = {}
+
+    @property
+    def wants_policy(self) -> bool:
+        """Whether it reads the policy's features (the trainer then calls ``bind_policy``)."""
+        return hasattr(self.encoder, "bind")
+
+    def bind_policy(self, model: Any) -> None:
+        """Encode with ``model`` (a frozen copy of the SFT'd policy)."""
+        self.encoder.bind(model)
+        if self.head is None:
+            self._build_head()
 
     def features(self, traj: Trajectory) -> torch.Tensor:
         """``(T, D)`` features of the trajectory's steps."""
         if not traj.turns:
             return torch.zeros(0, self.encoder.dim)
+        if hasattr(self.encoder, "encode_trajectory"):
+            return self.encoder.encode_trajectory(traj).float()
         return self.encoder.encode(step_inputs(traj, self.cfg.history_turns)).float()
 
     @torch.no_grad()
@@ -210,11 +238,16 @@ class ProgressReward:
         return sum(abs(sum(self._contrib(f)) - o) for f, o in items) / len(items)
 
     def __call__(self, trajectories: Sequence[Trajectory]) -> PerTurn:
+        if self.head is None:
+            raise RuntimeError("SPA with encoder=policy needs bind_policy(model) first (trainers call it at setup)")
         feats = [self.features(t) for t in trajectories]
         loss = math.nan
         if self.cfg.online:
             self.buffer.extend((f, float(t.outcome)) for f, t in zip(feats, trajectories) if t.turns)
             loss = self._train(list(self.buffer), self.cfg.updates)
+        elif self.cfg.fit_first and not self.fitted:  # offline, once, on the first (exploration) batch
+            loss = self._train([(f, float(t.outcome)) for f, t in zip(feats, trajectories) if t.turns], self.cfg.fit_first)
+            self.fitted = True
         out, grounded, steps, contrib_sum, abs_err = [], 0, 0, 0.0, 0.0
         for f, traj in zip(feats, trajectories):
             c = self._contrib(f)
@@ -227,7 +260,7 @@ class ProgressReward:
         n = max(1, len(trajectories))
         self.stats = {"reward/spa_loss": loss, "reward/spa_sum_abs_err": abs_err / n,
                       "reward/spa_contrib_sum_mean": contrib_sum / n, "reward/spa_grounded_frac": grounded / max(1, steps),
-                      "reward/spa_buffer": float(len(self.buffer))}
+                      "reward/spa_buffer": float(len(self.buffer)), "reward/spa_frozen": float(self.fitted)}
         return out
 
     # ----- checkpoints ---------------------------------------------------------------------
@@ -235,7 +268,7 @@ class ProgressReward:
         # deep copies: Adam's load_state_dict keeps same-device tensors as they are, so a shallow
         # state would be shared between this estimator and the one that loads it
         return copy.deepcopy({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "gen": self.gen.get_state(),
-                              "buffer": list(self.buffer), "config": asdict(self.cfg)})
+                              "buffer": list(self.buffer), "config": asdict(self.cfg), "fitted": self.fitted})
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.head.load_state_dict(state["head"])
@@ -243,3 +276,4 @@ class ProgressReward:
         self.gen.set_state(state["gen"])
         self.buffer.clear()
         self.buffer.extend(state["buffer"])
+        self.fitted = bool(state.get("fitted", False))

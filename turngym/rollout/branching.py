@@ -9,36 +9,61 @@ the replay exact: the same observations, the same token ids), takes the policy's
 replies for that turn (``HFPolicy.alternatives``: the next most likely tokens at the reply's least
 certain token), and plays each on greedily. Tree-structured rollouts of this kind are used for
 agent RL in Tree-GRPO (Ji et al., 2025) and TreeRL (Hou et al., 2025), which also fork at the
-least certain tokens; the branch points here come from the env's ``state_key``: the turns just
-before the episode first returned to a state it had been in.
+least certain tokens. The branch points are the turns just before the episode first came back to
+where it had been: by default as the agent saw it (an observation it had already been shown,
+``branch_by="observation"``), or by the env's privileged ``state_key`` (``"state_key"``).
 
-    found = branch_search(policy, make_env, [(spec, failed_traj)], stops=["</act>"])
+    tree = tree_rollout(policy, make_env, specs, stops=["</act>"])   # greedy roots, then the search
+    tree.episodes, tree.parent, tree.branch_turn, tree.sibling_groups()
 
-Each returned trajectory is a whole episode of its root's task and seed (the replayed turns
-included) with ``metadata["branch_turn"]``, the turn where it left the root.
+Each branch is a whole episode of its root's task and seed (the replayed turns included) with
+``metadata["branch_turn"]``, the turn where it left its parent, and ``metadata["parent"]``, the
+parent's index in ``Tree.episodes``. Turns before ``branch_turn`` are the parent's own turns replayed
+(the same token ids): consumers train on each episode's ``own_turns`` so a shared prefix counts once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from turngym.agents.base import Policy, SamplingParams
 from turngym.rollout.episode import EpisodeSpec
 from turngym.rollout.sync import rollout
-from turngym.types import Trajectory
+from turngym.types import Message, Trajectory
+
+BRANCH_BY = ("observation", "state_key")
 
 
-def branch_points(traj: Trajectory, points: int, after: int = 0) -> list[int]:
+def observation_key(messages: Sequence[Message]) -> str:
+    """What the agent was shown, as a key: a hash of the messages' roles and whitespace-normalised text."""
+    text = "\n".join(f"{m.role}:{' '.join(m.content.split())}" for m in messages)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def visit_keys(traj: Trajectory, by: str = "observation") -> list[str | None]:
+    """The episode's states before turn 0 and after each turn: the observations it was shown
+    (``by="observation"``; the opening observation is its last message) or the env's ``state_key``s."""
+    if by == "observation":
+        first = traj.initial_observation[-1:] if traj.initial_observation else []
+        return [observation_key(first)] + [observation_key(t.observation) for t in traj.turns]
+    if by == "state_key":
+        return [traj.metadata.get("initial_state_key")] + [t.info.get("state_key") for t in traj.turns]
+    raise ValueError(f"branch_by must be one of {BRANCH_BY}, got {by!r}")
+
+
+def branch_points(traj: Trajectory, points: int, after: int = 0, by: str = "state_key") -> list[int]:
     """The turns of ``traj`` worth branching at, at most ``points`` of them, none before ``after``.
 
-    The episode's states are its ``initial_state_key`` and each turn's ``state_key``. The first turn
-    that leads back to a state already visited (a loop, or a refused action that changed nothing)
-    is where the episode went wrong, or the turn after the mistake: the branch points are that turn
-    and the ones before it, the latest first. Without a return (or without state keys), the last turns.
+    The episode's states are ``visit_keys(traj, by)``. The first turn that leads back to a state
+    already visited (a loop, or a refused action that changed nothing) is where the episode went
+    wrong, or the turn after the mistake: the branch points are that turn and the ones before it,
+    the latest first. Without a return (or without keys), the last turns.
     """
     n = len(traj.turns)
-    keys = [traj.metadata.get("initial_state_key")] + [t.info.get("state_key") for t in traj.turns]
+    keys = visit_keys(traj, by)
     end = n
     if None not in keys:
         end = next((k for k in range(1, len(keys)) if keys[k] in keys[:k]), n)  # turn end-1 returned
@@ -48,7 +73,7 @@ def branch_points(traj: Trajectory, points: int, after: int = 0) -> list[int]:
 def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, Trajectory]], *,
                   stops: Sequence[str] = (), points: int = 2, width: int = 3, depth: int = 1,
                   max_new_tokens: int = 64, num_envs: int = 32, workers: bool | str = False,
-                  pools: Any = None) -> list[Trajectory]:
+                  pools: Any = None, by: str = "state_key") -> list[Trajectory]:
     """Branches of the failed ``roots``, searched ``depth`` levels deep.
 
     At each branch point (``branch_points``) the policy's ``width`` runner-up replies
@@ -64,9 +89,11 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
         stops: The env's tool-format stop strings. points: Branch points per episode.
         width: Alternatives per branch point. depth: Search levels.
         max_new_tokens, num_envs, workers, pools: As when sampling / for ``rollout``.
+        by: How branch points see a return to an earlier state (``visit_keys``).
 
     Returns:
-        Every finished branch (each a whole episode, with ``metadata["branch_turn"]``).
+        Every finished branch (each a whole episode, with ``metadata["branch_turn"]`` and
+        ``metadata["parent"]``: the parent's index in ``roots`` followed by the returned list).
 
     Raises:
         ValueError: the policy cannot propose alternatives.
@@ -76,30 +103,94 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     found: list[Trajectory] = []
     solved = {t.task_id for _, t in roots if t.success}
-    level = [(s, t, 0) for s, t in roots if not t.success]
+    level = [(s, t, 0, i) for i, (s, t) in enumerate(roots) if not t.success]  # (spec, episode, after, index)
     for _ in range(depth):
-        at = [(spec, traj, j) for spec, traj, after in level if traj.task_id not in solved
-              for j in branch_points(traj, points, after)]
-        alts = policy.alternatives([t.turns[j].prompt_ids for _, t, j in at], [t.turns[j].action_ids for _, t, j in at],
-                                   width, stops, max_new_tokens) if at else []
+        at = [(spec, traj, j, node) for spec, traj, after, node in level if traj.task_id not in solved
+              for j in branch_points(traj, points, after, by)]
+        alts = policy.alternatives([t.turns[j].prompt_ids for _, t, j, _ in at],
+                                   [t.turns[j].action_ids for _, t, j, _ in at], width, stops, max_new_tokens) if at else []
         specs, turns = [], []
-        for (spec, traj, j), replies in zip(at, alts):
+        for (spec, traj, j, node), replies in zip(at, alts):
             for alt in replies:
                 forced = dataclasses.replace(traj.turns[j], action_text=alt.text, action_ids=alt.action_ids,
                                              action_logprobs=alt.logprobs, observation=[], reward=0.0,
                                              info={"branch": True})
                 specs.append(EpisodeSpec(spec.task_id, spec.seed, greedy=True, prefix=(*traj.turns[:j], forced)))
-                turns.append(j)
+                turns.append((j, node))
         if not specs:
             break
         played = rollout(policy, make_env, specs, sampling=greedy, num_envs=num_envs, workers=workers,
                          progress=False, pools=pools)
         kept = []
-        for spec, j, t in zip(specs, turns, played):
-            t.metadata["branch_turn"] = j
+        for spec, (j, node), t in zip(specs, turns, played):
+            t.metadata["branch_turn"], t.metadata["parent"] = j, node
             if not t.metadata.get("error") and t.metadata.get("stopped") != "branch_no_op":
-                kept.append((spec, t))
-        found += [t for _, t in kept]
-        solved |= {t.task_id for _, t in kept if t.success}
-        level = [(s, t, t.metadata["branch_turn"] + 1) for s, t in kept if not t.success]
+                kept.append((spec, t, len(roots) + len(found) + len(kept)))
+        found += [t for _, t, _ in kept]
+        solved |= {t.task_id for _, t, _ in kept if t.success}
+        level = [(s, t, t.metadata["branch_turn"] + 1, node) for s, t, node in kept if not t.success]
     return found
+
+
+@dataclass
+class Tree:
+    """A tree rollout: root episodes, then the branches searched from them.
+
+    Attributes:
+        episodes: Roots first, then branches, each a whole episode.
+        parent: Per episode, its parent's index (-1 for a root).
+        branch_turn: Per episode, the first turn that is its own (0 for a root): earlier turns
+            replay its parent's.
+    """
+
+    episodes: list[Trajectory] = field(default_factory=list)
+    parent: list[int] = field(default_factory=list)
+    branch_turn: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_search(cls, roots: list[Trajectory], branches: list[Trajectory]) -> Tree:
+        return cls(list(roots) + list(branches), [-1] * len(roots) + [b.metadata["parent"] for b in branches],
+                   [0] * len(roots) + [b.metadata["branch_turn"] for b in branches])
+
+    @property
+    def roots(self) -> list[Trajectory]:
+        return [e for e, p in zip(self.episodes, self.parent) if p < 0]
+
+    def own_turns(self, i: int) -> range:
+        """Turn indices of episode ``i`` that no other episode of the tree holds."""
+        return range(self.branch_turn[i], len(self.episodes[i].turns))
+
+    def sibling_groups(self) -> list[list[tuple[int, int]]]:
+        """``(episode, turn)`` pairs that are different actions from one state: a parent's turn j
+        and the first turn of every branch that left it at turn j. Each action's episode plays on
+        from it (greedily), so that episode's outcome is the action's label. Groups of one are left out."""
+        groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for i, (p, j) in enumerate(zip(self.parent, self.branch_turn)):
+            if p >= 0:
+                groups.setdefault((p, j), [(p, j)]).append((i, j))
+        return [g for g in groups.values() if len(g) > 1]
+
+
+def tree_rollout(policy: Policy, make_env: Any, specs: list[EpisodeSpec], *, stops: Sequence[str] = (),
+                 points: int = 2, width: int = 3, depth: int = 1, max_new_tokens: int = 64, num_envs: int = 32,
+                 workers: bool | str = False, pools: Any = None, by: str = "observation",
+                 roots: list[Trajectory] | None = None) -> Tree:
+    """Play ``specs`` greedily (the roots), then ``branch_search`` from the failed ones.
+
+    Args:
+        policy, make_env, stops, points, width, depth, max_new_tokens, num_envs, workers, pools, by:
+            As for ``branch_search``.
+        specs: One greedy episode each (reset seeds fixed, so every replay is exact).
+        roots: The roots, already played from ``specs`` (a caller that screened them itself).
+
+    Returns:
+        The ``Tree``: roots in ``specs``' order, then every kept branch.
+    """
+    if roots is None:
+        roots = rollout(policy, make_env, [dataclasses.replace(s, greedy=True) for s in specs],
+                        sampling=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens),
+                        num_envs=num_envs, workers=workers, progress=False, pools=pools)
+    found = branch_search(policy, make_env, list(zip(specs, roots)), stops=stops, points=points, width=width,
+                          depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs, workers=workers,
+                          pools=pools, by=by)
+    return Tree.from_search(roots, found)

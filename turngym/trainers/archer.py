@@ -1,80 +1,131 @@
-"""ArCHer (Zhou et al. 2024): an utterance-level critic and a token-level actor.
+"""ArCHer (Zhou et al. 2024): an utterance-level critic and a token-level actor, on tree rollouts.
 
 High level: Q1, Q2 (s, a) and V(s) over utterances, trained off-policy by TD from a replay buffer
 of turns, with clipped double-Q and Polyak-averaged target heads:
 
     y_Q = r + gamma * (1 - done) * V_target(s')          (Q loss on both heads)
-    y_V = min(Q1_target, Q2_target)(s, a_V)              (V loss)
+    y_V = min(Q1_target, Q2_target)(s, a_pi)             (V loss)
 
-where a_V is the recorded action, or (``v_target="fresh_action"``, the paper's) a fresh a' ~ pi(s)
-sampled when the batch is scored: fitted to the recorded action, V copies Q and Q - V is ~0.
+where a_pi is the policy's own reply at s (``v_target``): V is the value of following the policy,
+and A(s, a) = min(Q1, Q2)(s, a) - V(s) says how much better a is than what the policy would do.
 
-Low level: the token-level actor maximises the utterance advantage A = min(Q1, Q2)(s, a) - V(s)
-(or, with ``advantage="td"``, the one-step TD advantage r + gamma * V(s') - V(s) from the same critic;
-``"gae"``, its lambda-return), centred over the batch, given to every token of the utterance
-(optionally minus a token-level baseline b(s, a_<t)), through PPO's clipped surrogate on the
-recorded sampling log-probs, with KL / entropy guards.
+Low level: the token-level actor learns from the critic's utterance advantage, given to every
+token of the utterance: by default as advantage-weighted regression (AWR: the likelihood of the
+replayed utterances weighted by exp(A / beta), on states drawn from the actor's replay memory),
+or with ``actor_loss="ppo"`` through PPO's clipped surrogate on this iteration's episodes.
 
-One iteration: collect episodes with the current policy -> per-turn rewards -> one reference
-forward per episode (KL anchor + critic features) -> advantages from the critic before it sees
-the batch (out of sample; ``advantage_timing``), and their AUC at telling the env's oracle moves
-from the others -> replay buffer -> N critic updates -> M actor passes (after ``critic_warmup``
-critic updates) -> log and checkpoint.
+One iteration (``collect="tree"``, the default):
 
-An episode that ends by the turn limit is treated as terminal: the limit is part of the task
-(a timed-out game is a lost game), so there is no value to bootstrap beyond it.
+1. collect: play ``episodes_per_iter`` training tasks greedily (the roots; held-out evaluation is
+   greedy), then branch search from the failed ones (``turngym.rollout.branching``): at the turns
+   before an episode came back to where it had been, the policy's runner-up replies are played
+   on. A tree holds several actions from one state, each followed to the end: the contrast
+   Q(s, a) - V(s) is learned from. Shared prefixes count once: a branch adds only its own turns.
+2. rewards: the reward transforms (env, format, G-RA, SPA...) per turn.
+3. features: one reference forward per episode gives phi(s), phi(s, a) for every turn.
+4. critic: the turns go to the replay buffer, then N TD updates. The turns of a fixed share of the
+   training tasks (``critic_holdout``) never do: the critic is scored on their sibling pairs, out of
+   sample (``critic/sibling_auc``: how often Q - V ranks the sibling that earned more first).
+5. actor: AWR over episodes from the actor's memory (this and earlier iterations), plus the SFT
+   stage's ``expert_replay`` demonstrations, only while the sibling AUC is at least ``critic_gate``:
+   a critic at chance does not drive the actor.
+6. log and checkpoint.
+
+``collect="sample"`` plays ``episodes_per_iter`` episodes at the sampling temperature instead
+(``group_size`` per task and reset), with ``v_target="fresh_action"`` the paper's setting.
+
+Where this departs from the paper, and why:
+- The actor learns by AWR on replayed states, not by REINFORCE on them. The branches' replies are
+  forced runner-ups (p ~ 0.003 after SFT); a ratio-based update on such tokens cannot move them,
+  a weighted likelihood can. ``actor_loss="ppo"`` is the on-policy alternative.
+- V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
+  branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
+  collection, not re-sampled from the current policy at every update. For the greedy policy this
+  collects with, that is exactly pi's action while the policy is unchanged; older buffer rows
+  carry older policies' replies. ``v_target="fresh_action"`` re-samples (one generation per turn).
+- The critic's encoder is a frozen copy of the SFT'd policy (``reference``) by default, with MLP
+  heads over its hidden states; the paper fine-tunes a RoBERTa. ``critic_encoder="top:K"`` trains
+  the top K blocks of that copy, at a CPU cost.
+- An episode that ends by the turn limit is terminal: the limit is part of the task (a timed-out
+  game is a lost game), so there is no value to bootstrap beyond it.
 
 The critic reads features of the conversation: at the last prompt token they summarise the state
 ``s``, at the last action token ``(s, a)``. ``critic_encoder`` picks the encoder:
 
 - ``reference`` (default): the final hidden states of the frozen reference copy of the policy (the
-  same token ids, nothing re-tokenized). Frozen features are computed once per turn, stored in the
-  replay buffer and reused by every TD update, and only the heads train: many critic updates per
-  actor update stay affordable on a CPU, but frozen features may not tell actions apart.
-- ``top:K``: the critic trains its own encoder, as the paper does, at a CPU's cost. It is a copy of
-  the reference's last K blocks (``critic_encoder.TrunkTopEncoder``) over the states the reference
-  pass cached at the input of block N-K; the buffer stores a window of the last ``critic_window``
-  of them ending at each token, every TD update runs the blocks over its windows and backpropagates
-  into them, and the target critic holds a Polyak-averaged copy.
+  same token ids, nothing re-tokenized), computed once per turn, stored and reused by every TD
+  update; only the heads train, so many critic updates per actor update stay affordable.
+- ``top:K``: the critic trains its own copy of the reference's last K blocks
+  (``critic_encoder.TrunkTopEncoder``) over windows of ``critic_window`` trunk states.
 - a path: another frozen causal/encoder LM over the conversation text (``TextFeatureEncoder``).
 
-The file reads top to bottom: the config, the critic heads, the replay buffer, the TD loss (a pure
-function, tested by hand; the advantages, transitions and windows are in ``functional``, the
-encoders in ``critic_encoder``), then the trainer's iteration. The token-level actor step it ends
-with is shared with the critic-free family (``turngym.trainers.actor``).
+The file reads top to bottom: the config, the TD loss (pure, tested by hand), then the trainer's
+iteration and its pieces. The critic's heads and replay buffer are in ``archer_critic``, the
+advantages, AWR weights, sibling AUC, transitions and windows in ``functional``, the encoders in
+``critic_encoder``; the token-level update is ``turngym.trainers.actor.actor_update``.
 """
 
 from __future__ import annotations
 
-import copy
+import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import torch
-from torch import nn
 
 from turngym.config import knob
 from turngym.rewards import reward_stats
+from turngym.rollout import EpisodeSpec
+from turngym.rollout.branching import BRANCH_BY, Tree, tree_rollout
+from turngym.rollout.handles import describe_env, tool_stops
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
+from turngym.trainers.archer_critic import ReplayBuffer, UtteranceCritic, ValueHead, make_target, soft_update  # noqa: F401
 from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.sequences import PackedBatch, pack_batch
-from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
+from turngym.trainers.sft import expert_data
+from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, env_factory, screen_order
 from turngym.types import Trajectory, Turn
 
 
 @dataclass
 class ArcherConfig(OnlineConfig):
-    """ArCHer's knobs (plus the shared ``OnlineConfig`` ones)."""
+    """ArCHer's knobs (plus the shared ``OnlineConfig`` ones; with ``collect=tree``,
+    ``episodes_per_iter`` is the number of training tasks screened per iteration)."""
 
+    collect: str = knob("tree", "tree: greedy roots on episodes_per_iter training tasks, then branch search from the "
+                                "failed ones (several actions per state) | sample: episodes at the sampling temperature")
+    branch_points: int = knob(2, "tree: turns to branch at in each failed episode (the one that first came back to "
+                                 "where it had been, and the ones before it)")
+    branch_width: int = knob(3, "tree: runner-up replies tried at each branch point")
+    branch_depth: int = knob(2, "tree: search levels (failed branches are branched again after their branch turn)")
+    branch_by: str = knob("observation", "tree: how a branch point sees a return: observation (what the agent was "
+                                         "shown) | state_key (the env's privileged world-state key)")
+    actor_loss: str = knob("awr", "awr: at each replayed state with several actions (a tree's siblings), the likelihood "
+                                  "of each weighted by softmax(log pi + A / awr_beta) over the siblings | ppo: the "
+                                  "clipped surrogate on this iteration's episodes")
+    awr_beta: float = knob(0.1, "AWR temperature (in reward units: the outcome is 1)")
+    awr_values: str = knob("critic", "what ranks the siblings: critic (Q - V) | returns (what each sibling's episode "
+                                     "earned after it: the tree alone, no critic; an ablation)")
+    awr_min_shift: float = knob(0.05, "a state trains the actor only when its AWR target moves at least this much "
+                                      "probability (total variation) away from the policy's own choice among the siblings")
+    actor_memory: int = knob(2048, "awr: sibling groups (states with their actions and features) the actor replays from")
+    actor_groups: int = knob(256, "awr: states drawn from the memory for each actor update")
+    expert_replay: int = knob(0, "the oracle's episodes on N training tasks (the SFT stage's demonstrations) join every "
+                                 "actor update with weight 1; 0 = off")
+    critic_holdout: float = knob(0.125, "share of the training tasks whose turns the critic never trains on: their "
+                                        "sibling pairs score it out of sample (critic/sibling_auc)")
+    critic_gate: float = knob(0.6, "the actor trains only while the out-of-sample sibling AUC is at least this "
+                                   "(0 = always; needs collect=tree)")
     critic_hidden: int = knob(256, "width of the critic's MLP heads")
     critic_lr: float = knob(1e-3, "critic learning rate (AdamW)")
-    critic_updates: int = knob(50, "N: critic TD updates per iteration")
+    critic_updates: int = knob(200, "N: critic TD updates per iteration")
     critic_batch_size: int = knob(64, "transitions per critic update")
-    critic_warmup: int = knob(100, "critic updates before the actor starts")
+    critic_warmup: int = knob(0, "critic updates before the actor starts")
     tau: float = knob(0.05, "Polyak rate of the target heads")
     buffer_capacity: int = knob(20_000, "replay buffer size in turns, allocated as it fills; top:K stores 3-4 windows "
                                         "a turn (~220-300 KB at 32 x 576 fp32: 20k turns ~ 5 GB), so lower it there")
@@ -82,40 +133,68 @@ class ArcherConfig(OnlineConfig):
     num_atoms: int = knob(51, "bins of the categorical heads")
     v_min: float = knob(-1.0, "lowest value of the categorical support")
     v_max: float = knob(1.5, "highest value of the categorical support")
-    token_baseline: bool = knob(False, "subtract a token-level baseline b(s, a_<t) fitted to Q(s, a)")
+    token_baseline: bool = knob(False, "ppo: subtract a token-level baseline b(s, a_<t) fitted to Q(s, a)")
     critic_encoder: str = knob("reference", "reference (frozen policy backbone), top:K (the critic trains its own copy of "
                                             "the reference's last K blocks over cached lower layers) or a path to another LM")
     critic_window: int = knob(32, "top:K: trunk states the critic's blocks read, ending at the token encoded")
     critic_encoder_lr: float = knob(1e-5, "top:K: learning rate of the critic's own blocks (the heads use critic_lr)")
-    group_size: int = knob(1, "episodes per task per iteration, from one reset seed: repeats show the critic "
-                                 "different actions from the same state, the contrast Q(s, a) - V(s) is made of")
+    group_size: int = knob(1, "sample: episodes per task per iteration, from one reset seed: repeats show the critic "
+                                 "different actions from the same state")
     advantage: str = knob("q_minus_v", "q_minus_v: A = min(Q1, Q2)(s, a) - V(s) (the paper); td: A = r + gamma V(s') - V(s); "
                                        "gae: lambda-returns of V over each episode's turns (gae_lambda)")
     gae_lambda: float = knob(0.9, "lambda of advantage=gae: 0 = td, 1 = discounted return - V(s)")
-    advantage_timing: str = knob("before", "before: score the batch with the critic before its TD updates on it "
-                                           "(out of sample); after: once the critic has been fitted to it")
-    center_advantages: bool = knob(True, "subtract the batch mean of the utterance advantages (no std scaling)")
-    v_target: str = knob("buffer_action", "V's target: buffer_action = min Q_target(s, a) of the recorded action; "
-                                          "fresh_action = of a' ~ pi(s) sampled when the batch is scored (the paper)")
+    advantage_timing: str = knob("before", "ppo: score the batch with the critic before its TD updates on it (out of "
+                                           "sample) | after: once the critic has been fitted to it")
+    center_advantages: bool = knob(True, "ppo: subtract the batch mean of the utterance advantages (no std scaling)")
+    v_target: str = knob("policy_action", "V's target action: policy_action = the reply the collecting policy chose at "
+                                          "s (a forced runner-up: its parent's) | buffer_action = the recorded one | "
+                                          "fresh_action = a' ~ pi(s) sampled when the batch is scored")
     expert_labels: bool = knob(True, "ask the env to label steps that match its oracle's move (env kwarg "
                                      "expert_labels) and log critic/auc_expert; envs without an oracle log nothing")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        choices = {"collect": ("tree", "sample"), "branch_by": BRANCH_BY, "actor_loss": ("awr", "ppo"),
+                   "advantage": ("q_minus_v", "td", "gae"), "advantage_timing": ("before", "after"),
+                   "v_target": ("policy_action", "buffer_action", "fresh_action")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.critic_updates < 0 or self.critic_batch_size < 1:
             raise ValueError("critic_updates must be >= 0 and critic_batch_size >= 1")
         if not 0 < self.tau <= 1:
             raise ValueError(f"tau must be in (0, 1], got {self.tau}")
         if self.categorical and self.v_min >= self.v_max:
             raise ValueError("v_min must be < v_max")
-        if self.advantage not in ("q_minus_v", "td", "gae"):
-            raise ValueError(f"advantage must be q_minus_v, td or gae, got {self.advantage!r}")
         if not 0 <= self.gae_lambda <= 1:
             raise ValueError(f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
-        if self.advantage_timing not in ("before", "after"):
-            raise ValueError(f"advantage_timing must be before or after, got {self.advantage_timing!r}")
-        if self.v_target not in ("buffer_action", "fresh_action"):
-            raise ValueError(f"v_target must be buffer_action or fresh_action, got {self.v_target!r}")
+        if min(self.branch_points, self.branch_width, self.branch_depth) < 1:
+            raise ValueError("branch_points, branch_width and branch_depth must be >= 1")
+        if self.awr_beta <= 0 or not 0 <= self.awr_min_shift < 1 or min(self.actor_memory, self.actor_groups) < 1:
+            raise ValueError("awr_beta must be > 0, awr_min_shift in [0, 1), actor_memory and actor_groups >= 1")
+        if self.awr_values not in ("critic", "returns"):
+            raise ValueError(f"awr_values must be critic or returns, got {self.awr_values!r}")
+        if not 0 <= self.critic_holdout < 1 or not 0 <= self.critic_gate <= 1:
+            raise ValueError("critic_holdout must be in [0, 1) and critic_gate in [0, 1]")
+        if self.expert_replay < 0:
+            raise ValueError(f"expert_replay must be >= 0, got {self.expert_replay}")
+        if self.collect == "tree":
+            if self.group_size != 1 or self.async_staleness >= 0 or self.rollout_engine == "vllm" or self.sharding != "none":
+                raise ValueError("collect=tree screens each task once and branches with the HF policy in one process "
+                                 "(group_size=1, async_staleness=-1, rollout_engine=hf, sharding=none)")
+            if self.v_target == "fresh_action":
+                raise ValueError("collect=tree: the roots and branches are the greedy policy's own replies; "
+                                 "use v_target=policy_action")
+        elif self.critic_gate > 0:
+            raise ValueError("critic_gate needs sibling pairs, which only collect=tree makes: set critic_gate=0")
+        if self.actor_loss == "awr":
+            if self.collect != "tree":
+                raise ValueError("actor_loss=awr learns at states with several actions, which collect=tree makes")
+            if self.pg_loss not in ("auto", "nll"):
+                raise ValueError("actor_loss=awr is a weighted likelihood: pg_loss must be auto or nll")
+            self.pg_loss = "nll"  # derived: the actor step's loss is the (AWR-weighted) likelihood
+            if self.token_baseline:
+                raise ValueError("token_baseline is for actor_loss=ppo")
         if self.critic_encoder.startswith("top:"):
             if not self.critic_encoder[4:].isdigit() or self.critic_top_k < 1:
                 raise ValueError(f"critic_encoder top:K needs an integer K >= 1, got {self.critic_encoder!r}")
@@ -128,189 +207,6 @@ class ArcherConfig(OnlineConfig):
     def critic_top_k(self) -> int:
         """K of ``critic_encoder=top:K``; 0 for the frozen encoders."""
         return int(self.critic_encoder[4:]) if self.critic_encoder.startswith("top:") else 0
-
-
-# ----- the critic: double Q heads and a V head over features (or its own encoder's) -----------
-class ValueHead(nn.Module):
-    """A 2-layer MLP from features to one scalar or to ``num_atoms`` categorical logits."""
-
-    def __init__(self, feat_dim: int, hidden_dim: int, out_dim: int) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.LayerNorm(feat_dim), nn.Linear(feat_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, out_dim)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.net(x)
-        return out.squeeze(-1) if out.shape[-1] == 1 else out
-
-
-class UtteranceCritic(nn.Module):
-    """Q1(s, a), Q2(s, a) and V(s) heads over features.
-
-    A state or state-action input is its ``(N, H)`` feature from a frozen encoder, or a ``Window``
-    of trunk states that the critic's own ``encoder`` turns into one (``critic_encoder=top:K``).
-
-    Args:
-        feat_dim: Encoder hidden size.
-        hidden_dim: MLP width.
-        categorical: Heads output logits over ``num_atoms`` bins in ``[v_min, v_max]`` and are
-            trained by cross-entropy to an HL-Gauss histogram ("classification, not regression").
-        encoder: Windows ``(N, W, H), (N, W)`` -> ``(N, H)`` features; trained with the heads and
-            copied into the target critic (``make_target``).
-    """
-
-    def __init__(
-        self,
-        feat_dim: int,
-        hidden_dim: int = 256,
-        categorical: bool = False,
-        num_atoms: int = 51,
-        v_min: float = -1.0,
-        v_max: float = 1.0,
-        encoder: nn.Module | None = None,
-    ) -> None:
-        super().__init__()
-        out = num_atoms if categorical else 1
-        self.encoder = encoder
-        self.categorical = categorical
-        # Q reads [phi(s), phi(s, a)]: a causal LM's state at the action's last token is dominated by
-        # the action's own tokens, and without phi(s) the heads cannot tell one state from another
-        # (seen in practice: "take coin" valued highly in every room).
-        self.q1 = ValueHead(2 * feat_dim, hidden_dim, out)
-        self.q2 = ValueHead(2 * feat_dim, hidden_dim, out)
-        self.v = ValueHead(feat_dim, hidden_dim, out)
-        self.register_buffer("support", torch.linspace(v_min, v_max, num_atoms))
-        # sigma = 0.75 bin widths, the paper's recommended ratio
-        self.sigma = 0.75 * (v_max - v_min) / max(num_atoms - 1, 1)
-
-    def scalar(self, raw: torch.Tensor) -> torch.Tensor:
-        return Fn.categorical_expectation(raw, self.support) if self.categorical else raw
-
-    def value_loss(self, raw: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if self.categorical:
-            target = target.clamp(float(self.support[0]), float(self.support[-1]))
-            return Fn.categorical_value_loss(raw, target, self.support, self.sigma)
-        return torch.nn.functional.mse_loss(raw, target)
-
-    def encode(self, x: torch.Tensor | Window) -> torch.Tensor:
-        """``(N, H)`` features of an input: a feature tensor passes through, a window is encoded."""
-        return x if isinstance(x, torch.Tensor) else self.encoder(*x)
-
-    def q_raw(self, s: torch.Tensor | Window, sa: torch.Tensor | Window) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([self.encode(s), self.encode(sa)], dim=-1)
-        return self.q1(x), self.q2(x)
-
-    def q_values(self, s: torch.Tensor | Window, sa: torch.Tensor | Window) -> tuple[torch.Tensor, torch.Tensor]:
-        q1, q2 = self.q_raw(s, sa)
-        return self.scalar(q1), self.scalar(q2)
-
-    def value(self, s: torch.Tensor | Window) -> torch.Tensor:
-        return self.scalar(self.v(self.encode(s)))
-
-
-def make_target(critic: UtteranceCritic) -> UtteranceCritic:
-    """A frozen copy for TD targets (its encoder too), moved toward the online critic by ``soft_update``."""
-    target = copy.deepcopy(critic)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    return target
-
-
-@torch.no_grad()
-def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """Polyak-average every parameter of ``target`` toward ``online`` (``Fn.polyak``)."""
-    for t, o in zip(target.parameters(), online.parameters()):
-        t.copy_(Fn.polyak(t, o, tau))
-
-
-# ----- the replay buffer of turns ---------------------------------------------------------------
-class ReplayBuffer:
-    """A ring buffer of turn transitions ``(phi(s), phi(s, a), r, done, phi(s'))``, plus
-    ``phi(s, a')`` of a fresh policy action a' ~ pi(s) when ``fresh_action``.
-
-    A state or state-action is its ``(H,)`` feature or, with ``critic_encoder=top:K``, a window:
-    ``(W, H)`` trunk states in the field itself and their ``(W,)`` positions in ``<field>_pos``.
-    Storage is allocated at the first ``add`` and doubles as it fills, up to ``capacity``, so memory
-    follows the turns held (a window is W times a feature).
-
-    Args:
-        capacity: Oldest transitions are overwritten past this.
-        feat_dim: Feature size ``H``.
-        seed: Seeds minibatch sampling (its state is checkpointed).
-        fresh_action: Also store ``fresh_sa`` (the V target's action features).
-    """
-
-    def __init__(self, capacity: int, feat_dim: int, seed: int = 0, fresh_action: bool = False) -> None:
-        self.capacity, self.feat_dim = capacity, feat_dim
-        self.FIELDS = ("s", "sa", "reward", "done", "next_s") + (("fresh_sa",) if fresh_action else ())
-        self.data: dict[str, torch.Tensor] = {}  # storage: name -> (rows, ...), rows <= capacity
-        self.size = 0
-        self.ptr = 0
-        self.gen = torch.Generator().manual_seed(seed)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def add(self, s: torch.Tensor | Window, sa: torch.Tensor | Window, reward: torch.Tensor, done: torch.Tensor,
-            next_s: torch.Tensor | Window, fresh_sa: torch.Tensor | Window | None = None) -> None:
-        """Append ``n`` transitions (each argument, or each part of a window, has leading size ``n``)."""
-        if (fresh_sa is None) == ("fresh_sa" in self.FIELDS):
-            raise ValueError("fresh_sa must be given exactly when the buffer stores fresh actions")
-        given = {"s": s, "sa": sa, "reward": reward, "done": done, "next_s": next_s, "fresh_sa": fresh_sa}
-        items: dict[str, torch.Tensor] = {}
-        for f in self.FIELDS:
-            x = given[f]
-            items.update({f: x[0], f + "_pos": x[1]} if isinstance(x, tuple) else {f: x})
-        if items["s"].shape[-1] != self.feat_dim:
-            raise ValueError(f"features of size {items['s'].shape[-1]} in a buffer of size {self.feat_dim}")
-        n = reward.shape[0]
-        self._reserve(items, min(self.capacity, self.size + n))
-        for i in range(n):
-            for k, x in items.items():
-                self.data[k][self.ptr] = x[i]
-            self.ptr = (self.ptr + 1) % self.capacity
-            self.size = min(self.size + 1, self.capacity)
-
-    def _reserve(self, like: dict[str, torch.Tensor], rows: int) -> None:
-        """Grow the storage (shaped like ``like``'s items) to at least ``rows``, doubling."""
-        if self.data and set(like) != set(self.data):
-            raise ValueError(f"transitions with fields {sorted(like)} in a buffer of {sorted(self.data)}")
-        have = next(iter(self.data.values())).shape[0] if self.data else 0
-        if rows <= have:
-            return
-        rows = min(self.capacity, max(rows, 2 * have))
-        for k, x in like.items():
-            grown = x.new_zeros((rows, *x.shape[1:]))
-            if have:
-                grown[:have] = self.data[k]
-            self.data[k] = grown
-
-    def _get(self, f: str, idx: torch.Tensor) -> torch.Tensor | Window:
-        x = self.data[f][idx]
-        return (x, self.data[f + "_pos"][idx]) if f + "_pos" in self.data else x
-
-    def sample(self, batch_size: int) -> dict[str, torch.Tensor | Window]:
-        idx = torch.randint(0, self.size, (batch_size,), generator=self.gen)
-        return {f: self._get(f, idx) for f in self.FIELDS}
-
-    def state_dict(self) -> dict:
-        return {
-            **{k: x[: self.size].clone() for k, x in self.data.items()},
-            "ptr": self.ptr,
-            "capacity": self.capacity,
-            "gen": self.gen.get_state(),
-        }
-
-    def load_state_dict(self, d: dict) -> None:
-        items = {k: x for k, x in d.items() if k not in ("ptr", "capacity", "gen")}
-        n = items["reward"].shape[0] if items else 0
-        self.data = {}
-        self._reserve(items, n)
-        for k, x in items.items() if n else ():
-            self.data[k][:n] = x
-        self.size, self.ptr = n, d["ptr"]
-        self.gen.set_state(d["gen"])
 
 
 # ----- the TD loss (pure: no backward, no optimizer; the transitions are Fn.turn_transitions) -----
@@ -341,17 +237,32 @@ def td_loss(critic: UtteranceCritic, target: UtteranceCritic, b: dict[str, torch
     return q_loss + v_loss, stats
 
 
-# ----- the trainer: one iteration = collect, score, critic updates, actor update ------------------
+# ----- the trainer: one iteration = collect, features, critic updates, actor update -----------------
+@dataclass
+class Encoded:
+    """Every turn of a list of episodes, flat: ``refs[i] = (episode, turn)``, its features
+    ``s[i]``, ``sa[i]`` (``(N, H)``, or windows with ``critic_encoder=top:K``) and, when the episodes
+    were encoded as one batch (``actor_loss=ppo``), that batch, its reference log-probs and hidden states."""
+
+    refs: list[tuple[int, int]]
+    s: torch.Tensor | Window
+    sa: torch.Tensor | Window
+    batch: PackedBatch | None = None
+    ref_logprobs: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+
 class ArcherTrainer(OnlineTrainer):
     """Train ``policy`` (an ``HFPolicy``) on ``env_id`` with ArCHer.
 
     Args:
-        policy: Exposes ``model``, ``tokenizer``, ``pad_id``, ``act`` and ``invalidate_caches``.
+        policy: Exposes ``model``, ``tokenizer``, ``pad_id``, ``act``, ``alternatives`` (tree
+            collection) and ``invalidate_caches``.
         env_id: A registered env; its ``task_ids`` (from ``env_kwargs``' split) are the training tasks.
         cfg: The knobs.
         out_dir: Checkpoints (``checkpoint/``), ``metrics.jsonl``, TensorBoard, the learning curve.
-        ctx: Data-parallel context. Each rank keeps its own replay buffer; critic gradients are
-            averaged like the actor's, so every rank holds the same critic.
+        ctx: Data-parallel context (``collect=sample``). Each rank keeps its own replay buffer;
+            critic gradients are averaged like the actor's, so every rank holds the same critic.
     """
 
     name = "archer"
@@ -364,11 +275,17 @@ class ArcherTrainer(OnlineTrainer):
             env_kwargs = {"expert_labels": True, **(env_kwargs or {})}
         super().__init__(policy, env_id, cfg, env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx,
                          rollouts=rollouts, pools=pools)
+        if cfg.collect == "tree" and self.ctx.enabled:
+            raise ValueError("collect=tree runs in one process, not under torchrun")
         self.critic_steps = 0
+        self.memory: list[dict] = []  # the actor's replay: one state's sibling actions, features, log-probs, values
+        self.screened: dict[str, int] = {}  # task -> the iteration it was last screened in
+        self.heldout: dict[str, torch.Tensor] = {}  # sibling pairs of the held-out tasks: s, sa, value, group
+        self.experts: list[Trajectory] = []
 
     # ----- setup ---------------------------------------------------------------------------
     def needs_reference(self) -> bool:
-        return True  # the KL anchor, and by default the critic's feature encoder
+        return True  # the critic's feature encoder, and the KL anchor
 
     def _setup_extra(self) -> None:
         cfg = self.cfg
@@ -391,57 +308,141 @@ class ArcherTrainer(OnlineTrainer):
         if self.baseline is not None:
             self.ctx.broadcast_params(self.baseline)
         self.baseline_opt = torch.optim.AdamW(self.baseline.parameters(), lr=cfg.critic_lr) if self.baseline else None
-        fresh = cfg.v_target == "fresh_action"
-        self.buffer = ReplayBuffer(cfg.buffer_capacity, feat, seed=cfg.seed + self.ctx.rank, fresh_action=fresh)
-        if fresh:
-            if not hasattr(self.policy, "generate"):
-                raise ValueError("v_target=fresh_action samples a' from token ids: it needs an HFPolicy")
-            probe = gym.make(self.env_id, **self.env_kwargs)  # the tool format's stop strings, as in collection
-            self._stops = probe.unwrapped.format.stop_strings(probe.unwrapped.tools)
-            probe.close()
+        self.buffer = ReplayBuffer(cfg.buffer_capacity, feat, seed=cfg.seed + self.ctx.rank,
+                                   v_action=cfg.v_target != "buffer_action")
+        probe = gym.make(self.env_id, **self.env_kwargs)  # the tool format's stop strings, as in collection
+        self._stops = tool_stops(describe_env(probe))
+        probe.close()
+        if cfg.v_target == "fresh_action" and not hasattr(self.policy, "generate"):
+            raise ValueError("v_target=fresh_action samples a' from token ids: it needs an HFPolicy")
+        order = list(self.task_ids)
+        random.Random(cfg.seed).shuffle(order)
+        self.heldout_tasks = set(order[: round(cfg.critic_holdout * len(order))])
+        if cfg.expert_replay:
+            self.experts = expert_data(self.policy, self.env_id, cfg.expert_replay, self.env_kwargs, cfg.seed,
+                                       cfg.demo_seed)
 
     # ----- the loop -------------------------------------------------------------------------
     def step(self) -> dict[str, float]:
-        """One iteration: collect, score, critic updates, actor update. Returns its metrics."""
+        """One iteration: collect, features, critic updates, actor update. Returns its metrics."""
         cfg = self.cfg
-        # 1. collect with the current policy
-        specs = self.schedule(cfg.episodes_per_iter, cfg.group_size)
-        trajs, metrics = self.collect(specs, cfg.group_size)
+        # 1. collect: a tree (greedy roots, branches from the failed ones) or sampled episodes
+        tree, metrics = self._collect_tree() if cfg.collect == "tree" else self._collect_sampled()
+        trajs = tree.episodes
         _check_tokens(trajs)
+        # 2. per-turn rewards
         rewards = self.reward_fn(trajs)
         metrics.update(reward_stats(self.reward_fn))  # G-RA gate rates, SPA fit error, shaping...
-        # 2. one reference forward per episode: KL anchor and critic features (top:K: windows of trunk states)
-        batch = pack_batch(trajs, self.policy.pad_id)
-        ref_logprobs, hidden = reference_pass(self.ref, batch, self._hidden, cfg.autocast, self._hidden_layer)
-        s_feat, sa_feat = self._features(batch, hidden, trajs)
-        r, done, next_feat = _transitions(batch.turn_refs, rewards, s_feat)
-        fresh_sa = self._fresh_action_features(trajs, batch) if cfg.v_target == "fresh_action" else None
-        # 3. advantages from the critic as it stands, before it has seen this batch (out of sample)
-        feats = (s_feat, sa_feat, r, done, next_feat)
-        adv, q = self._advantages(*feats)
-        metrics.update(self._expert_auc(trajs, batch, adv))
-        # 4. N critic updates from the replay buffer, this batch included
-        self.buffer.add(*feats, fresh_sa=fresh_sa)
+        # 3. features of every turn: one reference forward per episode
+        enc = self._encode(trajs, whole=cfg.actor_loss == "ppo")
+        r, done, next_s = _transitions(enc.refs, rewards, enc.s)
+        row = {ref: i for i, ref in enumerate(enc.refs)}
+        own = [row[(i, k)] for i in range(len(trajs)) for k in tree.own_turns(i) if (i, k) in row]
+        v_sa = self._v_action_features(tree, trajs, enc, row)
+        siblings = [[row[ref] for ref in g] for g in tree.sibling_groups()]
+        values = _returns_after(enc.refs, rewards)
+        # 4. critic: out-of-sample scores first, then the held-in own turns train it
+        adv, q = self._advantages(enc.s, enc.sa, r, done, next_s)
+        metrics.update(self._expert_auc(trajs, enc.refs, adv))
+        held = [i for i in own if trajs[enc.refs[i][0]].task_id in self.heldout_tasks]
+        train = [i for i in own if trajs[enc.refs[i][0]].task_id not in self.heldout_tasks]
+        fresh = [g for g in siblings if trajs[enc.refs[g[0]][0]].task_id not in self.heldout_tasks]
+        metrics["critic/sibling_auc_before"], _ = Fn.sibling_auc(adv, values, fresh)
+        self._add_transitions(train, enc, r, done, next_s, v_sa)
         metrics.update(self._critic_updates(cfg.critic_updates))
-        if cfg.advantage_timing == "after":  # in sample: the critic has just been fitted to these turns
-            adv, q = self._advantages(*feats)
-        # 5. the utterance advantages, broadcast to tokens, train the actor
-        if cfg.center_advantages:
-            adv = Fn.center(adv)
-        if cfg.normalize_advantages and adv.numel() > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-6)
-        token_adv = Fn.broadcast_to_tokens(adv, batch.token_turn)
-        if self.baseline is not None:
-            token_adv, base_metrics = self._token_baseline(batch, hidden, q, token_adv)
-            metrics.update(base_metrics)
-        metrics.update(advantage_stats(adv))
-        if self.critic_steps >= cfg.critic_warmup:
-            with self.weights_lock():
-                metrics.update(actor_update(self.model, self.actor_opt, batch, token_adv, ref_logprobs, cfg, self.gen, self.ctx))
-        metrics["actor/active"] = float(self.critic_steps >= cfg.critic_warmup)
+        self._keep_heldout_pairs([g for g in siblings if g[0] in set(held)], enc, values)
+        metrics.update(self._heldout_auc())
+        # 5. actor
+        gate = cfg.critic_gate <= 0 or metrics.get("critic/sibling_auc", 0.0) >= cfg.critic_gate
+        active = self.critic_steps >= cfg.critic_warmup and gate
+        if cfg.actor_loss == "awr":
+            self._remember(trajs, enc, siblings, values)
+            if active:
+                with self.weights_lock():
+                    metrics.update(self._awr_update())
+        else:
+            if cfg.advantage_timing == "after":  # in sample: the critic has just been fitted to these turns
+                adv, q = self._advantages(enc.s, enc.sa, r, done, next_s)
+            token_adv, adv = self._ppo_advantages(enc, adv, q, metrics)
+            if active:
+                with self.weights_lock():
+                    metrics.update(actor_update(self.model, self.actor_opt, enc.batch, token_adv, enc.ref_logprobs,
+                                                cfg, self.gen, self.ctx))
+        metrics["actor/active"] = float(active)
         return self.finish_step(metrics)
 
-    # ----- pieces ---------------------------------------------------------------------------
+    # ----- 1. collection -----------------------------------------------------------------------
+    def _collect_tree(self) -> tuple[Tree, dict[str, float]]:
+        """Screen ``episodes_per_iter`` training tasks greedily (unsolved and least recently
+        screened first), then search from the failed ones."""
+        cfg = self.cfg
+        solved = {t for t, ok in self.greedy_outcomes.items() if ok}
+        tasks = screen_order(self.task_ids, solved, self.screened, cfg.seed, self.iteration, cfg.episodes_per_iter)
+        specs = [EpisodeSpec(t, cfg.seed * 1_000_003 + self.task_ids.index(t), greedy=True) for t in tasks]
+        roots, metrics = self.collect(specs)
+        self.screened.update({t: self.iteration for t in tasks})
+        self.greedy_outcomes.update({r.task_id: bool(r.success) for r in roots})
+        t0 = time.perf_counter()
+        tree = tree_rollout(self.policy, env_factory(self.env_id, self.env_kwargs, cfg), specs, roots=roots,
+                            stops=self._stops, points=cfg.branch_points, width=cfg.branch_width,
+                            depth=cfg.branch_depth, max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs,
+                            workers=cfg.env_workers, pools=self.pools, by=cfg.branch_by)
+        branches = tree.episodes[len(roots):]
+        failed = {r.task_id for r in roots if not r.success}
+        metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(branches)),
+                        "search/failed_tasks": float(len(failed)),
+                        "search/solved_tasks": float(len({b.task_id for b in branches if b.success})),
+                        "search/sibling_groups": float(len(tree.sibling_groups()))})
+        metrics["rollout/env_steps"] += sum(len(b.turns) for b in branches)  # replayed turns step the env too
+        return tree, metrics
+
+    def _collect_sampled(self) -> tuple[Tree, dict[str, float]]:
+        specs = self.schedule(self.cfg.episodes_per_iter, self.cfg.group_size)
+        trajs, metrics = self.collect(specs, self.cfg.group_size)
+        return Tree(trajs, [-1] * len(trajs), [0] * len(trajs)), metrics
+
+    # ----- 3. features ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def _encode(self, trajs: list[Trajectory], whole: bool = False) -> Encoded:
+        """phi(s), phi(s, a) of every turn of ``trajs``: one reference forward per episode, in
+        chunks of ``num_envs`` episodes of similar length (little padding); ``whole``: one batch,
+        kept with its reference log-probs and hidden states (the PPO actor and token baseline read them)."""
+        cfg = self.cfg
+        if whole:
+            batch = pack_batch(trajs, self.policy.pad_id)
+            ref_logprobs, hidden = reference_pass(self.ref, batch, self._hidden, cfg.autocast, self._hidden_layer)
+            s, sa = self._features(batch, hidden, trajs)
+            return Encoded(list(batch.turn_refs), s, sa, batch, ref_logprobs, hidden)
+        order = sorted(range(len(trajs)), key=lambda i: sum(len(t.action_ids) for t in trajs[i].turns)
+                       + len(trajs[i].turns[-1].prompt_ids if trajs[i].turns else []))
+        parts: dict[tuple[int, int], tuple] = {}
+        for c in range(0, len(order), cfg.num_envs):
+            idx = order[c : c + cfg.num_envs]
+            chunk = [trajs[i] for i in idx]
+            batch = pack_batch(chunk, self.policy.pad_id)
+            hidden = reference_pass(self.ref, batch, True, cfg.autocast, self._hidden_layer)[1] if self._hidden else None
+            s, sa = self._features(batch, hidden, chunk)
+            for j, (ti, k) in enumerate(batch.turn_refs):
+                parts[(idx[ti], k)] = (_row(s, j), _row(sa, j))
+        refs = sorted(parts)
+        return Encoded(refs, _stack([parts[r][0] for r in refs]), _stack([parts[r][1] for r in refs]))
+
+    def _v_action_features(self, tree: Tree, trajs: list[Trajectory], enc: Encoded, row: dict):
+        """phi(s, a_V) per flat turn: the policy's own reply (``policy_action``: a branch's forced
+        first turn reads its parent's reply at that state), a fresh sample, or None (``buffer_action``)."""
+        cfg = self.cfg
+        if cfg.v_target == "buffer_action":
+            return None
+        if cfg.v_target == "fresh_action":
+            return self._fresh_action_features(trajs, enc.refs)
+        at = []
+        for i, (ti, k) in enumerate(enc.refs):
+            p = tree.parent[ti]
+            at.append(row[(p, k)] if p >= 0 and k == tree.branch_turn[ti] and (p, k) in row else i)
+        index = torch.tensor(at, dtype=torch.long)
+        return _select(enc.sa, index)
+
+    # ----- 4. critic ---------------------------------------------------------------------------
     @torch.no_grad()
     def _advantages(self, s_feat, sa_feat, r, done, next_feat) -> tuple[torch.Tensor, torch.Tensor]:
         """``(N,)`` utterance advantages (``cfg.advantage``) and ``(N,)`` min(Q1, Q2)(s, a) under the current critic."""
@@ -455,54 +456,16 @@ class ArcherTrainer(OnlineTrainer):
             return Fn.td_advantage(r, v, self.critic.value(next_feat), done, cfg.gamma), q
         return Fn.gae_advantages(r, v, self.critic.value(next_feat), done, cfg.gamma, cfg.gae_lambda), q
 
-    def _expert_auc(self, trajs: list[Trajectory], batch: PackedBatch, adv: torch.Tensor) -> dict[str, float]:
-        """How well A ranks turns that played the env's oracle move above turns that did not
-        (``info["expert_match"]``, see ``expert_labels``); nothing when the env gives no labels."""
-        labels = [trajs[ti].turns[k].info.get("expert_match") for ti, k in batch.turn_refs]
-        if all(y is None for y in labels):
-            return {}
-        y = torch.tensor([float("nan") if v is None else float(v) for v in labels])
-        return {"critic/auc_expert": Fn.auc(adv, y), "critic/expert_rate": float(y.nan_to_num(0.0).sum() / (~y.isnan()).sum())}
-
-    @torch.no_grad()
-    def _fresh_action_features(self, trajs: list[Trajectory], batch: PackedBatch) -> torch.Tensor | Window:
-        """``(N, H)`` phi(s, a') (or its window) of one fresh action a' ~ pi(s) per flat turn, sampled from
-        the turn's recorded prompt ids and encoded like the recorded actions (V's target in ``td_loss``)."""
-        cfg = self.cfg
-        prompts = [trajs[ti].turns[k].prompt_ids for ti, k in batch.turn_refs]
-        sampling = cfg.sampling(self.iteration)
-        sampling.seed = self.ctx.rank_seed(sampling.seed) + 0x5EED  # not the collection's own samples
-        gens = []
-        with self.weights_lock():
-            for i in range(0, len(prompts), cfg.num_envs):
-                chunk = prompts[i : i + cfg.num_envs]
-                gens += self.policy.generate(chunk, sampling, [self._stops] * len(chunk), None,
-                                             [k for _, k in batch.turn_refs[i : i + cfg.num_envs]])[0]
-        dec = self.policy.tokenizer.decode
-        turns = [Turn(dec(g.action_ids, skip_special_tokens=True), prompt_ids=list(p),
-                      action_ids=list(g.action_ids) or [self.policy.pad_id]) for p, g in zip(prompts, gens)]
-        if self._hidden:  # one sequence per state: its prompt, then a'
-            fbatch = pack_batch([Trajectory(trajs[ti].task_id, turns=[t]) for (ti, _), t in zip(batch.turn_refs, turns)],
-                                self.policy.pad_id)
-            return self._features(fbatch, reference_pass(self.ref, fbatch, True, cfg.autocast, self._hidden_layer)[1], [])[1]
-        fresh = [Trajectory(trajs[ti].task_id, turns=[*trajs[ti].turns[:k], t], initial_observation=trajs[ti].initial_observation)
-                 for (ti, k), t in zip(batch.turn_refs, turns)]
-        return self.encoder.turn_features(fresh, [(i, k) for i, (_, k) in enumerate(batch.turn_refs)])[1]
-
-    def _features(self, batch: PackedBatch, hidden: torch.Tensor | None, trajs: list[Trajectory]):
-        """phi(s), phi(s, a) of each flat turn: ``(N, H)`` each, or (top:K) the windows that end there."""
-        if self._hidden_layer is not None:
-            w = self.cfg.critic_window
-            return Fn.gather_windows(hidden, batch.state_pos, w), Fn.gather_windows(hidden, batch.action_pos, w)
-        if hidden is not None:
-            s = hidden[batch.state_pos[:, 0], batch.state_pos[:, 1]].float()
-            sa = hidden[batch.action_pos[:, 0], batch.action_pos[:, 1]].float()
-            return s, sa
-        return self.encoder.turn_features(trajs, batch.turn_refs)
+    def _add_transitions(self, rows: list[int], enc: Encoded, r, done, next_s, v_sa) -> None:
+        if not rows:
+            return
+        index = torch.tensor(rows, dtype=torch.long)
+        pick = lambda x: None if x is None else _select(x, index)
+        self.buffer.add(pick(enc.s), pick(enc.sa), r[index], done[index], pick(next_s), v_sa=pick(v_sa))
 
     def _critic_updates(self, n: int) -> dict[str, float]:
         cfg, sums = self.cfg, {}
-        v_action = "fresh_sa" if cfg.v_target == "fresh_action" else "sa"
+        v_action = "sa" if cfg.v_target == "buffer_action" else "v_sa"
         for _ in range(n if len(self.buffer) else 0):
             b = self.buffer.sample(cfg.critic_batch_size)
             loss, stats = td_loss(self.critic, self.critic_target, b, cfg.gamma, v_action)
@@ -515,6 +478,142 @@ class ArcherTrainer(OnlineTrainer):
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v / n
         return sums
+
+    def _keep_heldout_pairs(self, groups: list[list[int]], enc: Encoded, values: torch.Tensor) -> None:
+        """Store the held-out tasks' sibling groups (features and values): the critic never trains
+        on them, so every later iteration can score it on all of them, out of sample."""
+        if not groups or self._hidden_layer is not None:  # windows: too large to keep for scoring
+            return
+        rows = torch.tensor([i for g in groups for i in g], dtype=torch.long)
+        base = int(self.heldout["group"].max()) + 1 if self.heldout else 0
+        gid = torch.tensor([base + n for n, g in enumerate(groups) for _ in g], dtype=torch.long)
+        new = {"s": enc.s[rows], "sa": enc.sa[rows], "value": values[rows], "group": gid}
+        self.heldout = {k: torch.cat([self.heldout[k], x]) if self.heldout else x for k, x in new.items()}
+
+    @torch.no_grad()
+    def _heldout_auc(self) -> dict[str, float]:
+        """``critic/sibling_auc``: the critic's Q - V ranking of the held-out sibling pairs (out of sample)."""
+        if not self.heldout:
+            return {}
+        h = self.heldout
+        s = self.critic.encode(h["s"])
+        adv = Fn.double_q_min(*self.critic.q_values(s, h["sa"])) - self.critic.value(s)
+        groups: dict[int, list[int]] = {}
+        for i, g in enumerate(h["group"].tolist()):
+            groups.setdefault(g, []).append(i)
+        auc, pairs = Fn.sibling_auc(adv, h["value"], list(groups.values()))
+        return {"critic/sibling_auc": auc, "critic/sibling_pairs": float(pairs)} if pairs else {}
+
+    def _expert_auc(self, trajs: list[Trajectory], refs: list[tuple[int, int]], adv: torch.Tensor) -> dict[str, float]:
+        """How well A ranks turns that played the env's oracle move above turns that did not
+        (``info["expert_match"]``, see ``expert_labels``); nothing when the env gives no labels."""
+        labels = [trajs[ti].turns[k].info.get("expert_match") for ti, k in refs]
+        if all(y is None for y in labels):
+            return {}
+        y = torch.tensor([float("nan") if v is None else float(v) for v in labels])
+        return {"critic/auc_expert": Fn.auc(adv, y), "critic/expert_rate": float(y.nan_to_num(0.0).sum() / (~y.isnan()).sum())}
+
+    # ----- 5. actor ----------------------------------------------------------------------------
+    def _remember(self, trajs: list[Trajectory], enc: Encoded, siblings: list[list[int]], values: torch.Tensor) -> None:
+        """Keep every sibling group (one state, several actions) for the actor, oldest out first."""
+        for g in siblings:
+            index = torch.tensor(g, dtype=torch.long)
+            turns = [trajs[enc.refs[i][0]].turns[enc.refs[i][1]] for i in g]
+            self.memory.append({"task": trajs[enc.refs[g[0]][0]].task_id, "turns": turns,
+                                "s": _select(enc.s, index), "sa": _select(enc.sa, index), "value": values[index],
+                                "logp": torch.tensor([float(sum(t.action_logprobs)) for t in turns])})
+        del self.memory[: max(0, len(self.memory) - self.cfg.actor_memory)]
+
+    def _awr_update(self) -> dict[str, float]:
+        """AWR at remembered states: each sibling's likelihood weighted by its share of
+        pi*(a|s) ~ pi(a|s) exp(A / beta) (``Fn.sibling_awr_weights``), A from the current critic (or
+        the siblings' returns); states where pi* differs from pi by less than ``awr_min_shift`` are
+        skipped; the demonstrations join with weight 1 on every turn."""
+        cfg = self.cfg
+        if not self.memory:
+            return {}
+        groups, start = [], 0
+        for e in self.memory:
+            groups.append(list(range(start, start + len(e["turns"]))))
+            start += len(e["turns"])
+        logp = torch.cat([e["logp"] for e in self.memory])
+        with torch.no_grad():
+            if cfg.awr_values == "returns":
+                adv = torch.cat([e["value"] for e in self.memory])
+            else:
+                s = self.critic.encode(_cat([e["s"] for e in self.memory]))
+                adv = Fn.double_q_min(*self.critic.q_values(s, _cat([e["sa"] for e in self.memory]))) - self.critic.value(s)
+        w = Fn.sibling_awr_weights(logp, adv, groups, cfg.awr_beta)
+        prior = Fn.sibling_awr_weights(logp, torch.zeros_like(adv), groups, cfg.awr_beta)  # pi on the siblings
+        shift = [0.5 * float((w[g] - prior[g]).abs().sum()) for g in groups]
+        useful = [i for i, d in enumerate(shift) if d >= cfg.awr_min_shift]
+        pick = torch.randperm(len(useful), generator=self.gen)[: cfg.actor_groups].tolist()
+        rows = [r for i in sorted(useful[j] for j in pick) for r in groups[i] if float(w[r]) > 1e-3]
+        turns = [t for e in self.memory for t in e["turns"]]
+        data = [Trajectory(self.memory[0]["task"], turns=[turns[r]]) for r in rows] + self.experts
+        weight = [float(w[r]) for r in rows] + [1.0] * sum(len(t.turns) for t in self.experts)
+        out = {"actor/states": float(len(pick)), "actor/memory": float(len(self.memory)),
+               "actor/informative_states": float(len(useful)), "actor/target_shift": sum(shift) / len(shift)}
+        if not data:
+            return out
+        batch = pack_batch(data, self.policy.pad_id)
+        token_w = Fn.broadcast_to_tokens(torch.tensor(weight), batch.token_turn)
+        ref_logprobs = reference_pass(self.ref, batch, False, cfg.autocast)[0] if cfg.kl_coef > 0 else None
+        out.update(actor_update(self.model, self.actor_opt, batch, token_w, ref_logprobs, cfg, self.gen, self.ctx))
+        out.update(advantage_stats(adv))
+        return out
+
+    def _ppo_advantages(self, enc: Encoded, adv: torch.Tensor, q: torch.Tensor, metrics: dict):
+        """The utterance advantages of this batch, centred / standardised, broadcast to tokens
+        (optionally minus the token-level baseline)."""
+        cfg = self.cfg
+        if cfg.center_advantages:
+            adv = Fn.center(adv)
+        if cfg.normalize_advantages and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-6)
+        token_adv = Fn.broadcast_to_tokens(adv, enc.batch.token_turn)
+        if self.baseline is not None:
+            token_adv, base_metrics = self._token_baseline(enc.batch, enc.hidden, q, token_adv)
+            metrics.update(base_metrics)
+        metrics.update(advantage_stats(adv))
+        return token_adv, adv
+
+    # ----- pieces ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def _fresh_action_features(self, trajs: list[Trajectory], refs: list[tuple[int, int]]) -> torch.Tensor | Window:
+        """``(N, H)`` phi(s, a') (or its window) of one fresh action a' ~ pi(s) per flat turn, sampled from
+        the turn's recorded prompt ids and encoded like the recorded actions (V's target in ``td_loss``)."""
+        cfg = self.cfg
+        prompts = [trajs[ti].turns[k].prompt_ids for ti, k in refs]
+        sampling = cfg.sampling(self.iteration)
+        sampling.seed = self.ctx.rank_seed(sampling.seed) + 0x5EED  # not the collection's own samples
+        gens = []
+        with self.weights_lock():
+            for i in range(0, len(prompts), cfg.num_envs):
+                chunk = prompts[i : i + cfg.num_envs]
+                gens += self.policy.generate(chunk, sampling, [self._stops] * len(chunk), None,
+                                             [k for _, k in refs[i : i + cfg.num_envs]])[0]
+        dec = self.policy.tokenizer.decode
+        turns = [Turn(dec(g.action_ids, skip_special_tokens=True), prompt_ids=list(p),
+                      action_ids=list(g.action_ids) or [self.policy.pad_id]) for p, g in zip(prompts, gens)]
+        if self._hidden:  # one sequence per state: its prompt, then a'
+            fbatch = pack_batch([Trajectory(trajs[ti].task_id, turns=[t]) for (ti, _), t in zip(refs, turns)],
+                                self.policy.pad_id)
+            return self._features(fbatch, reference_pass(self.ref, fbatch, True, cfg.autocast, self._hidden_layer)[1], [])[1]
+        fresh = [Trajectory(trajs[ti].task_id, turns=[*trajs[ti].turns[:k], t], initial_observation=trajs[ti].initial_observation)
+                 for (ti, k), t in zip(refs, turns)]
+        return self.encoder.turn_features(fresh, [(i, k) for i, (_, k) in enumerate(refs)])[1]
+
+    def _features(self, batch: PackedBatch, hidden: torch.Tensor | None, trajs: list[Trajectory]):
+        """phi(s), phi(s, a) of each flat turn: ``(N, H)`` each, or (top:K) the windows that end there."""
+        if self._hidden_layer is not None:
+            w = self.cfg.critic_window
+            return Fn.gather_windows(hidden, batch.state_pos, w), Fn.gather_windows(hidden, batch.action_pos, w)
+        if hidden is not None:
+            s = hidden[batch.state_pos[:, 0], batch.state_pos[:, 1]].float()
+            sa = hidden[batch.action_pos[:, 0], batch.action_pos[:, 1]].float()
+            return s, sa
+        return self.encoder.turn_features(trajs, batch.turn_refs)
 
     def _token_baseline(self, batch, hidden, q, token_adv):
         """Fit b(s, a_<t) to the utterance's Q on this batch, then use A_t = Q(s, a) - b(s, a_<t)."""
@@ -539,7 +638,8 @@ class ArcherTrainer(OnlineTrainer):
             "critic_opt": self.critic_opt.state_dict(), "buffer": self.buffer.state_dict(),
             "baseline": self.baseline.state_dict() if self.baseline else None,
             "baseline_opt": self.baseline_opt.state_dict() if self.baseline_opt else None,
-            "critic_steps": self.critic_steps,
+            "critic_steps": self.critic_steps, "screened": dict(self.screened), "heldout": dict(self.heldout),
+            "memory": [{**e, "turns": [t.to_dict() for t in e["turns"]]} for e in self.memory],
         }
 
     def _load_extra_state(self, st: dict) -> None:
@@ -551,6 +651,9 @@ class ArcherTrainer(OnlineTrainer):
             self.baseline.load_state_dict(st["baseline"])
             self.baseline_opt.load_state_dict(st["baseline_opt"])
         self.critic_steps = st["critic_steps"]
+        self.screened = dict(st.get("screened", {}))
+        self.heldout = dict(st.get("heldout", {}))
+        self.memory = [{**e, "turns": [Turn.from_dict(t) for t in e["turns"]]} for e in st.get("memory", [])]
 
 
 def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s: torch.Tensor | Window):
@@ -560,6 +663,33 @@ def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s
         return Fn.turn_transitions(turn_refs, rewards, s)
     r, done, next_states = Fn.turn_transitions(turn_refs, rewards, s[0])
     return r, done, (next_states, Fn.turn_transitions(turn_refs, rewards, s[1])[2])
+
+
+def _row(x: torch.Tensor | Window, i: int):
+    return x[i] if isinstance(x, torch.Tensor) else (x[0][i], x[1][i])
+
+
+def _stack(rows: list) -> torch.Tensor | Window:
+    """Single rows (``_row``) into one tensor (or window)."""
+    if isinstance(rows[0], tuple):
+        return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+    return torch.stack(rows)
+
+
+def _cat(blocks: list) -> torch.Tensor | Window:
+    """Blocks of rows (``_select``) into one tensor (or window)."""
+    if isinstance(blocks[0], tuple):
+        return torch.cat([b[0] for b in blocks]), torch.cat([b[1] for b in blocks])
+    return torch.cat(blocks)
+
+
+def _select(x: torch.Tensor | Window, index: torch.Tensor) -> torch.Tensor | Window:
+    return x[index] if isinstance(x, torch.Tensor) else (x[0][index], x[1][index])
+
+
+def _returns_after(refs: list[tuple[int, int]], rewards: list[list[float]]) -> torch.Tensor:
+    """``(N,)`` per flat turn: the episode's summed reward from that turn to its end (an action's value)."""
+    return torch.tensor([float(sum(rewards[ti][k:])) for ti, k in refs])
 
 
 def _check_tokens(trajs: list[Trajectory]) -> None:

@@ -25,7 +25,6 @@ what a search found once keeps being trained on, so a fix does not fade when lat
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,14 +36,14 @@ import torch
 from turngym.config import knob
 from turngym.rewards.format import action_status
 from turngym.rollout import EpisodeSpec
-from turngym.rollout.branching import branch_search
+from turngym.rollout.branching import BRANCH_BY, branch_search
 from turngym.rollout.handles import describe_env, tool_stops
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.sequences import pack_batch
 from turngym.trainers.sft import expert_data
-from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, env_factory
+from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, env_factory, screen_order
 from turngym.types import Trajectory
 
 
@@ -57,6 +56,8 @@ class BranchBCConfig(OnlineConfig):
                                  "visited state and the ones before it")
     branch_width: int = knob(3, "alternative replies tried at each branch point (the policy's runner-ups)")
     branch_depth: int = knob(2, "search levels: failed branches are branched again after their branch turn")
+    branch_by: str = knob("state_key", "how a branch point sees a return to an earlier state: observation (what the "
+                                       "agent was shown) | state_key (the env's privileged world-state key)")
     clone_greedy: bool = knob(False, "remember the screen's greedy successes too (else only what the search found)")
     memory: bool = knob(True, "keep each task's best success across iterations and clone all of them every "
                               "iteration (False: only this iteration's)")
@@ -68,6 +69,8 @@ class BranchBCConfig(OnlineConfig):
         super().__post_init__()
         if self.pg_loss != "nll":
             raise ValueError("branch_bc clones its episodes with the NLL loss: pg_loss must be nll")
+        if self.branch_by not in BRANCH_BY:
+            raise ValueError(f"branch_by must be one of {BRANCH_BY}, got {self.branch_by!r}")
         if min(self.branch_points, self.branch_width, self.branch_depth) < 1:
             raise ValueError("branch_points, branch_width and branch_depth must be >= 1")
         if self.expert_replay < 0:
@@ -107,16 +110,15 @@ class BranchBCTrainer(OnlineTrainer):
         self.stops = tool_stops(describe_env(probe))
         probe.close()
         if self.cfg.expert_replay:
-            self.experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed)
+            self.experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed,
+                                   self.cfg.demo_seed)
 
     def pick_tasks(self) -> list[str]:
         """This iteration's screen: unsolved tasks first (no remembered success, and greedy play
         failed or never tried), then the ones screened longest ago; ties in a seeded order that
         changes every iteration."""
-        order = {t: i for i, t in enumerate(_shuffled(self.task_ids, self.cfg.seed, self.iteration))}
-        solved = lambda t: t in self.memory or self.greedy_outcomes.get(t, False)
-        ranked = sorted(self.task_ids, key=lambda t: (solved(t), self.screened.get(t, -1), order[t]))
-        return ranked[: self.cfg.episodes_per_iter]
+        solved = {t for t in self.task_ids if t in self.memory or self.greedy_outcomes.get(t, False)}
+        return screen_order(self.task_ids, solved, self.screened, self.cfg.seed, self.iteration, self.cfg.episodes_per_iter)
 
     def step(self) -> dict[str, float]:
         cfg = self.cfg
@@ -130,7 +132,7 @@ class BranchBCTrainer(OnlineTrainer):
         found = branch_search(self.policy, env_factory(self.env_id, self.env_kwargs, cfg), list(zip(specs, roots)),
                               stops=self.stops, points=cfg.branch_points, width=cfg.branch_width,
                               depth=cfg.branch_depth, max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs,
-                              workers=cfg.env_workers, pools=self.pools)
+                              workers=cfg.env_workers, pools=self.pools, by=cfg.branch_by)
         failed = {r.task_id for r in roots if not r.success}
         solved = {t.task_id for t in found if t.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(found)),
@@ -161,8 +163,3 @@ class BranchBCTrainer(OnlineTrainer):
         self.memory = {k: Trajectory.from_dict(d) for k, d in st.get("memory", {}).items()}
         self.screened = dict(st.get("screened", {}))
 
-
-def _shuffled(items: list[str], seed: int, iteration: int) -> list[str]:
-    out = list(items)
-    random.Random(seed * 1_000_003 + iteration).shuffle(out)
-    return out

@@ -7,6 +7,7 @@ Each function names the equation it implements; tests check them on numbers work
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Hashable, Sequence
 
@@ -172,6 +173,60 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     diff = pos[:, None] - neg[None, :]  # (P, Q)
     wins = (diff > 0).float() + 0.5 * (diff == 0).float()
     return float(wins.mean())
+
+
+def sibling_auc(scores: torch.Tensor, values: torch.Tensor, groups: list[list[int]], eps: float = 1e-6) -> tuple[float, int]:
+    """How often the scores rank the better of two sibling actions first.
+
+    Siblings are different actions from one state (a tree rollout's branches at one turn); an
+    action's value is what its episode earned from there on. Over every pair of siblings whose
+    values differ by more than ``eps``, count 1 when the better one scores higher, 1/2 on a tie.
+
+    Args:
+        scores: ``(N,)`` e.g. the critic's ``Q(s, a) - V(s)``.
+        values: ``(N,)`` e.g. the return after each action.
+        groups: Row indices of each sibling group.
+
+    Returns:
+        ``(auc, pairs)``: the fraction (NaN without a pair) and the number of pairs counted.
+    """
+    wins, pairs = 0.0, 0
+    for g in groups:
+        idx = torch.tensor(g, dtype=torch.long)
+        s, v = scores[idx], values[idx]
+        better = (v[:, None] - v[None, :]) > eps  # (G, G): row's action earned more than column's
+        ds = s[:, None] - s[None, :]
+        wins += float(((ds > 0).float() + 0.5 * (ds == 0).float())[better].sum())
+        pairs += int(better.sum())
+    return (wins / pairs if pairs else float("nan")), pairs
+
+
+def sibling_awr_weights(logp: torch.Tensor, adv: torch.Tensor, groups: list[list[int]], beta: float) -> torch.Tensor:
+    """Advantage-weighted targets over the sibling actions of each state.
+
+    AWR (Peng et al., 2019) moves the policy toward pi*(a|s) proportional to pi(a|s) exp(A(s, a) / beta).
+    Its usual estimator weights samples a ~ pi by exp(A / beta); a tree's runner-up replies are
+    forced, not sampled (after SFT pi gives them ~0.003), so that estimator would raise every
+    runner-up's likelihood, losers included. Here pi* is formed exactly on the actions seen at a state:
+
+        w_i = softmax_{i in group}(log pi(a_i | s) + A_i / beta)
+
+    and the actor's likelihood is weighted by ``w`` (each state's weights sum to 1).
+
+    Args:
+        logp: ``(N,)`` log pi(a_i | s) of each action, as recorded when it was sampled or forced.
+        adv: ``(N,)`` A(s, a_i) (within a group only differences matter: V(s) cancels).
+        groups: Row indices of the actions of each state.
+        beta: Temperature, in the advantage's units.
+
+    Returns:
+        ``(N,)`` weights; rows in no group get 0.
+    """
+    w = torch.zeros_like(adv)
+    for g in groups:
+        idx = torch.tensor(g, dtype=torch.long)
+        w[idx] = torch.softmax(logp[idx] + adv[idx] / beta, dim=0)
+    return w
 
 
 def broadcast_to_tokens(per_turn: torch.Tensor, token_turn: torch.Tensor) -> torch.Tensor:

@@ -127,7 +127,8 @@ class PGTrainer(OnlineTrainer):
 
     def _setup_extra(self) -> None:
         if self.cfg.expert_replay:
-            experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed)
+            experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed,
+                                   self.cfg.demo_seed)
             # each rank replays its share: gradients are averaged over ranks, so a full copy on every
             # rank would weigh the demonstrations world_size times against the clones
             self.experts = experts[self.ctx.rank :: self.ctx.world_size]

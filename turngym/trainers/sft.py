@@ -48,6 +48,8 @@ class SFTConfig:
     trainable: str = knob("all", "all | top:K | lora (adapters are merged back after SFT)")
     autocast: str = knob("auto", "auto | bf16 | none: mixed precision for the forwards (see OnlineConfig)")
     seed: int = knob(0, "seeds the expert episodes and the data order")
+    demo_seed: int = knob(-1, "which training tasks the demonstrations come from: -1 = the first `episodes` tasks; "
+                              "k >= 0 = `episodes` tasks drawn with seed k (protocol seeds see different demonstrations)")
     time_budget_s: float = knob(0.0, "stop after the optimizer step whose training seconds (the update loop, "
                                      "without making the expert data or on_step's work) reach this; 0 = no limit")
 
@@ -58,11 +60,22 @@ class SFTConfig:
             raise ValueError(f"time_budget_s must be >= 0, got {self.time_budget_s}")
 
 
-def expert_trajectories(env_id: str, episodes: int, env_kwargs: dict | None = None, seed: int = 0) -> list[Trajectory]:
-    """Play the env's oracle on its (training) tasks; only successful episodes are kept."""
+def demo_task_ids(task_ids: list[str], episodes: int, demo_seed: int = -1) -> list[str]:
+    """The tasks demonstrations are played on: the first ``episodes`` (``demo_seed`` -1), or
+    ``episodes`` drawn without replacement by ``demo_seed`` (cycling when there are fewer tasks)."""
+    if demo_seed < 0:
+        return list(task_ids)
+    order = list(task_ids)
+    random.Random(demo_seed).shuffle(order)
+    return order[: max(1, min(episodes, len(order)))]
+
+
+def expert_trajectories(env_id: str, episodes: int, env_kwargs: dict | None = None, seed: int = 0,
+                        demo_seed: int = -1) -> list[Trajectory]:
+    """Play the env's oracle on its (training) tasks (``demo_task_ids``); only successful episodes are kept."""
     kwargs = {**(env_kwargs or {}), "scripted_hints": True}
     probe = gym.make(env_id, **kwargs)
-    task_ids = list(probe.unwrapped.task_ids)
+    task_ids = demo_task_ids(list(probe.unwrapped.task_ids), episodes, demo_seed)
     probe.close()
     trajs = rollout(OracleAgent(), make_env_factory(env_id, **kwargs), episode_specs(task_ids, episodes, seed), progress=False)
     return [t for t in trajs if t.success]
@@ -122,12 +135,12 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
 
 def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | None) -> list[Trajectory]:
     torch.manual_seed(cfg.seed)  # e.g. LoRA's initialisation: a resumed pipeline must redo SFT identically
-    return expert_data(policy, env_id, cfg.episodes, env_kwargs, cfg.seed)
+    return expert_data(policy, env_id, cfg.episodes, env_kwargs, cfg.seed, cfg.demo_seed)
 
 
 def expert_data(policy: Any, env_id: str, episodes: int, env_kwargs: dict | None = None,
-                seed: int = 0) -> list[Trajectory]:
-    """The oracle's successful episodes on the first ``episodes`` tasks (``expert_trajectories``),
+                seed: int = 0, demo_seed: int = -1) -> list[Trajectory]:
+    """The oracle's successful episodes on ``episodes`` training tasks (``expert_trajectories``),
     tokenized for ``policy`` (``tokenize_expert``): the SFT stage's data.
 
     Raises:
@@ -136,7 +149,7 @@ def expert_data(policy: Any, env_id: str, episodes: int, env_kwargs: dict | None
     probe = gym.make(env_id, **(env_kwargs or {}))
     desc = describe_env(probe)
     probe.close()
-    experts = expert_trajectories(env_id, episodes, env_kwargs, seed)
+    experts = expert_trajectories(env_id, episodes, env_kwargs, seed, demo_seed)
     if not experts:
         raise RuntimeError(f"the oracle of {env_id} solved no episode; nothing to imitate")
     return [tokenize_expert(policy, t, desc["tools"], desc["tool_format"]) for t in experts]

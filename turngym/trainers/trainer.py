@@ -36,7 +36,7 @@ import torch
 from turngym.agents.base import SamplingParams
 from turngym.config import knob
 from turngym.envs.wrappers import make_revisit_limited
-from turngym.rewards import load_reward_state_dict, make_reward, reward_state_dict
+from turngym.rewards import bind_policy, load_reward_state_dict, make_reward, reward_state_dict, wants_policy
 from turngym.rollout import AsyncCollector, EnvPools, EpisodeSpec, make_env_factory, rollout
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import frozen_copy, prepare_trainable, shard_model, use_bf16
@@ -116,6 +116,7 @@ class OnlineConfig:
                                          "(synchronous collection, one process)")
     screen_every: int = knob(4, "task_sampling=greedy_failed: iterations between greedy screens of every training task")
     seed: int = knob(0, "seeds task order, sampling and minibatches")
+    demo_seed: int = knob(-1, "expert_replay's demonstrations: the SFT stage's choice of training tasks (sft.demo_seed)")
     checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
     time_budget_s: float = knob(0.0, "stop after the iteration whose training seconds (collect + update, "
                                      "not on_iteration's work) reach this; 0 = no limit")
@@ -179,6 +180,16 @@ def resolve_rollout_engine(cfg: OnlineConfig, distributed: bool = False) -> Onli
 
     allowed = not distributed and cfg.trainable != "lora" and cfg.sharding == "none" and cfg.async_staleness < 0
     return dataclasses.replace(cfg, rollout_engine="vllm" if allowed and vllm_available() else "hf")
+
+
+def screen_order(task_ids: list[str], solved: set[str], screened: dict[str, int], seed: int, iteration: int,
+                 n: int) -> list[str]:
+    """The ``n`` training tasks a greedy screen plays next: unsolved first, then the ones screened
+    longest ago (never screened: -1), ties in a seeded order that changes every iteration."""
+    order = list(task_ids)
+    random.Random(seed * 1_000_003 + iteration).shuffle(order)
+    rank = {t: i for i, t in enumerate(order)}
+    return sorted(task_ids, key=lambda t: (t in solved, screened.get(t, -1), rank[t]))[:n]
 
 
 def task_schedule(task_ids: list[str], n: int, seed: int, iteration: int, group_size: int = 1,
@@ -300,12 +311,14 @@ class OnlineTrainer:
 
     # ----- setup ---------------------------------------------------------------------------
     def needs_reference(self) -> bool:
-        """Whether a frozen copy of the starting policy is kept (KL anchor, critic features)."""
-        return self.cfg.kl_coef > 0
+        """Whether a frozen copy of the starting policy is kept (KL anchor, critic features, and
+        reward transforms that read the policy's features, such as SPA's progress estimator)."""
+        return self.cfg.kl_coef > 0 or wants_policy(self.reward_fn)
 
     def setup(self) -> None:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
+        self.reward_fn = make_reward(cfg.reward)
         self.ref = frozen_copy(self.policy.model) if self.needs_reference() else None
         self.policy.model = prepare_trainable(self.policy.model, cfg.trainable, cfg.lora_r, cfg.lora_alpha)
         self.model = self.policy.model
@@ -317,7 +330,8 @@ class OnlineTrainer:
             self.model = self.policy.model = shard_model(self.model, self.ctx)
         self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
         self.gen = torch.Generator().manual_seed(cfg.seed)
-        self.reward_fn = make_reward(cfg.reward)
+        if self.ref is not None:
+            bind_policy(self.reward_fn, self.ref)  # e.g. SPA reads the SFT'd policy's hidden states
         self.task_ids = split_task_ids(self.env_id, self.env_kwargs)
         if cfg.rollout_engine == "vllm" and self.rollouts is None:
             from turngym.trainers.rollout_engine import VLLMRollouts
