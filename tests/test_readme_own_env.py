@@ -72,8 +72,8 @@ def readme_commands() -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in lines]
 
 
-def written(stdout: str) -> dict:
-    return json.loads(Path(re.search(r"^wrote (.+)$", stdout, re.M).group(1)).read_text())
+def written(stdout: str, folder: Path) -> dict:
+    return json.loads((folder / re.search(r"^wrote (.+)$", stdout, re.M).group(1)).read_text())
 
 
 def test_readme_commands_run_from_the_users_folder(project):
@@ -82,7 +82,7 @@ def test_readme_commands_run_from_the_users_folder(project):
     assert [c[:2] for c in cmds] == [["turngym", "eval"], ["turngym", "eval"], ["turngym", "train"]]
     outs = [run([str(CLI), *c[1:], "--quiet"], folder, env) for c in cmds]
 
-    oracle, rand = written(outs[0].stdout)["summary"], written(outs[1].stdout)["summary"]
+    oracle, rand = written(outs[0].stdout, folder)["summary"], written(outs[1].stdout, folder)["summary"]
     assert oracle["success"] == 1.0 and oracle["episodes"] == 20
     # the example lists no admissible actions: the random agent samples calls from the tool's schema
     assert rand["invalid_action_rate"] < 0.5 and rand["episodes"] == 20
