@@ -74,7 +74,7 @@ def run(policy, args, workers, mode: str, max_batch: int | None = None) -> dict:
     assert not any("error" in t.metadata for t in trajs), "an env crashed"
     turns = [t for tr in trajs for t in tr.turns]
     return {
-        "wall": wall, "turns": len(turns), "tokens": sum(len(t.action_ids) for t in turns),
+        "wall": wall, "turns": len(turns), "tokens": sum(t.num_tokens for t in turns),
         "act": timed.seconds, "env": sum(t.info["elapsed_s"] for t in turns), "calls": timed.calls,
     }
 

@@ -88,12 +88,13 @@ def main() -> None:
             trajs, wall, pre = one_pass(policy, make_env, specs, args, pools)
             rows.append((name, wall, pre, trajs))
 
-    tokens = [[t.action_ids for t in tr.turns] for tr in trajs_old]
+    actions = lambda trs: [[x.action_ids(k) for k in range(len(x.turns))] for x in trs]  # noqa: E731
+    tokens = actions(trajs_old)
     turns = sum(len(tr.turns) for tr in trajs_old)
     print(f"turns played (before): {turns}")
     print(f"{'pass':48s} {'wall s':>8s} {'prefilled tokens':>17s} {'speedup':>8s}  same tokens  success")
     for name, wall, pre, tr in rows:
-        same = [[t.action_ids for t in x.turns] for x in tr] == tokens
+        same = actions(tr) == tokens
         won = sum(t.success for t in tr)
         print(f"{name:48s} {wall:8.1f} {pre:17d} {rows[0][1] / wall:7.2f}x  {str(same):11s}  {won}/{len(tr)}")
 

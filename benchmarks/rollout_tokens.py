@@ -66,7 +66,7 @@ def play(policy, args, sampling):
     trajs = rollout(timed, env, episode_specs(task_ids[: args.episodes], args.episodes), sampling=sampling,
                     num_envs=args.episodes, progress=False)
     wall = time.perf_counter() - t0  # generation plus env starts and steps: what a user waits for
-    tokens = sum(len(t.action_ids) for tr in trajs for t in tr.turns)
+    tokens = sum(t.num_tokens for tr in trajs for t in tr.turns)
     return trajs, tokens, timed.seconds, wall
 
 
@@ -77,7 +77,7 @@ def replay_generate(model, tok, trajs, sampling, stops):
     tokens, seconds = 0, 0.0
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     for k in range(turns):
-        prompts = [tr.turns[k].prompt_ids for tr in trajs if len(tr.turns) > k]
+        prompts = [tr.prompt_ids(k) for tr in trajs if len(tr.turns) > k]
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -125,8 +125,9 @@ def bench_hf(args) -> None:
     rows.append(("raw model.generate per turn, same prompts", tok_g, sec_g, {}))
 
     turns = [len(tr.turns) for tr in trajs_r]
-    same = [[t.action_ids for t in tr.turns] for tr in trajs_r] == [[t.action_ids for t in tr.turns] for tr in trajs_n]
-    last = max(len(t.prompt_ids) for tr in trajs_r for t in tr.turns)
+    same = ([[tr.action_ids(k) for k in range(len(tr.turns))] for tr in trajs_r]
+            == [[tr.action_ids(k) for k in range(len(tr.turns))] for tr in trajs_n])
+    last = max(len(tr.prompt_ids(k)) for tr in trajs_r for k in range(len(tr.turns)))
     print(f"env: {args.env} ({args.split}), {len(trajs_r)} episodes, turns per episode {turns}, "
           f"max_new_tokens {args.max_new_tokens}, longest prompt {last} tokens")
     print(f"KV-reuse and re-prefill runs sampled identical tokens: {same}")
@@ -147,7 +148,7 @@ def bench_vllm(args) -> None:
     pol = VLLMPolicy(args.vllm, gpu_memory_utilization=0.6)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
     trajs, tokens, seconds, _ = play(pol, args, sampling)
-    prompts = [{"prompt_token_ids": t.prompt_ids} for tr in trajs for t in tr.turns]
+    prompts = [{"prompt_token_ids": tr.prompt_ids(k)} for tr in trajs for k in range(len(tr.turns))]
     sp = vllm.SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, logprobs=0)
     t0 = time.perf_counter()
     outs = pol.llm.generate(prompts, sp, use_tqdm=False)
@@ -191,7 +192,7 @@ def bench_vllm_vs_hf(args) -> None:
     rollouts.sync(model)
     sync_s = rollouts.sync_seconds[-1]
     rollouts.close()
-    pairs = [(a.action_ids, b.action_ids) for x, y in zip(trajs_h, trajs_v) for a, b in zip(x.turns, y.turns)]
+    pairs = [(x.action_ids(k), y.action_ids(k)) for x, y in zip(trajs_h, trajs_v) for k in range(min(len(x.turns), len(y.turns)))]
     turns_h, turns_v = sum(len(t.turns) for t in trajs_h), sum(len(t.turns) for t in trajs_v)
     wins = [sum(t.success for t in trajs) for trajs in (trajs_h, trajs_v)]
     print(f"env: {args.env} ({args.split}, {args.tool_format or 'default'} tool format), {len(trajs_h)} episodes played "

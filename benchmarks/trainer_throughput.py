@@ -55,12 +55,13 @@ def make_episodes(n_episodes: int, turns: int, prompt_len: int, obs_len: int, ac
 
 def ours_batch(episodes, pad_id):
     from turngym.trainers.sequences import pack_batch
-    from turngym.types import Trajectory, Turn
+    from turngym.types import TokenRecord, Trajectory, Turn
 
     trajs = []
     for ids, spans in episodes:
-        turns = [Turn("x", prompt_ids=ids[:s], action_ids=ids[s:e], action_logprobs=[-1.0] * (e - s)) for s, e in spans]
-        trajs.append(Trajectory("t", turns))
+        rec = TokenRecord()
+        turns = [Turn("x", span=rec.add_turn(ids[:s], ids[s:e], [-1.0] * (e - s))) for s, e in spans]
+        trajs.append(Trajectory("t", turns, record=rec))
     return pack_batch(trajs, pad_id)
 
 

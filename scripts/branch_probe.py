@@ -19,12 +19,10 @@ import gymnasium as gym
 import torch
 
 from turngym.agents.base import SamplingParams
-from turngym.rollout import EnvPools, EpisodeSpec, rollout
+from turngym.rollout import EnvPools, EnvTarget, EpisodeSpec, env_info, rollout
 from turngym.rollout.branching import branch_points, branch_search
 from turngym.rollout.episode import branch_of, moved
-from turngym.rollout.handles import describe_env, tool_stops
 from turngym.train import TrainConfig, load_policy
-from turngym.trainers.trainer import env_factory, split_task_ids
 
 ENV = "turngym/TextWorld-easy-v0"
 
@@ -64,10 +62,11 @@ def main() -> None:
     policy.invalidate_caches()
     kw = {"tool_format": "xml", "split": "train"}
     probe = gym.make(ENV, **kw)
-    walk = {t: len(probe.unwrapped.walkthrough(t)) for t in split_task_ids(ENV, kw)}
-    stops = tool_stops(describe_env(probe))
+    walk = {t: len(probe.unwrapped.walkthrough(t)) for t in env_info(ENV, **kw).task_ids}
+    stops = list(env_info(ENV, **kw).stop_strings)
     probe.close()
-    make_env = env_factory(ENV, kw, TrainConfig().branch)
+    branch = TrainConfig().branch
+    make_env = EnvTarget(ENV, kw, branch.max_turns, branch.max_state_visits).factory()
     with EnvPools() as pools:
         t0 = time.perf_counter()
         specs = [EpisodeSpec(t, i, greedy=True) for i, t in enumerate(walk)]

@@ -25,12 +25,11 @@ import torch
 
 from turngym.agents import make_agent
 from turngym.agents.base import SamplingParams
-from turngym.rollout import make_env_factory, rollout
+from turngym.rollout import env_info, make_env_factory, rollout, task_schedule
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import reference_pass
 from turngym.trainers.archer import ReplayBuffer, UtteranceCritic, make_target, soft_update, td_loss
 from turngym.trainers.sequences import pack_batch
-from turngym.trainers.trainer import split_task_ids, task_schedule
 
 
 def add_policy_args(ap: argparse.ArgumentParser, split: str) -> None:
@@ -59,7 +58,7 @@ def oracle_env_kwargs(args) -> dict:
 
 def play(policy, args) -> list:
     kwargs = oracle_env_kwargs(args)
-    tasks = split_task_ids(args.env, kwargs)
+    tasks = list(env_info(args.env, **kwargs).task_ids)
     trajs = []
     for it in range(args.iterations):
         specs = task_schedule(tasks, args.episodes_per_iter, args.seed, it)

@@ -25,8 +25,7 @@ from critic_probe import (  # scripts/ is on sys.path when run
 )
 
 from turngym.agents.base import SamplingParams
-from turngym.rollout import episode_specs, make_env_factory, rollout
-from turngym.trainers.trainer import split_task_ids
+from turngym.rollout import env_info, episode_specs, make_env_factory, rollout
 
 
 def first_mistakes(policy, trajs) -> list[dict]:
@@ -39,8 +38,8 @@ def first_mistakes(policy, trajs) -> list[dict]:
                 continue
             ids = policy.tokenizer.encode(oracle, add_special_tokens=False)
             out.append({"task_id": traj.task_id, "turn": k, "success": traj.success, "action": turn.action_text,
-                        "oracle": oracle, "p_action": math.exp(sum(turn.action_logprobs)),
-                        "p_oracle": math.exp(sum(policy.score(turn.prompt_ids, ids)))})
+                        "oracle": oracle, "p_action": math.exp(sum(traj.action_logprobs(k))),
+                        "p_oracle": math.exp(sum(policy.score(traj.prompt_ids(k), ids)))})
             break
     return out
 
@@ -54,7 +53,7 @@ def main() -> None:
 
     policy = load_policy(args)
     kwargs = oracle_env_kwargs(args)
-    tasks = split_task_ids(args.env, kwargs)
+    tasks = list(env_info(args.env, **kwargs).task_ids)
     trajs = rollout(policy, make_env_factory(args.env, **kwargs), episode_specs(tasks, args.episodes, seed=args.seed),
                     sampling=SamplingParams(0.0, 1.0, args.max_new_tokens, seed=0), num_envs=16)
     rows = first_mistakes(policy, trajs)

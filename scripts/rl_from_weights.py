@@ -1,6 +1,6 @@
 """Diagnostics behind docs/experiments.md (2026-11-24, 2026-11-25): one RL run from given SFT weights
 for a time budget, then one greedy pass over 128 held-out TextWorld-easy games (the same list as
-``turngym train`` and ``scripts/protocol.py``). Not a learning claim: one seed, no CI here (compare
+``turngym train`` and ``turngym protocol``). Not a learning claim: one seed, no CI here (compare
 the saved ``eval_final.json`` with the SFT run's evaluation, paired, as the docs do).
 
     python scripts/rl_from_weights.py runs/p8/seed0/sft/sft_model.pt runs/rl_fbc \\
@@ -21,8 +21,9 @@ import torch
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.config import apply_overrides
-from turngym.rollout import EnvPools
-from turngym.train import TRAINERS, TrainConfig, load_policy, rl_section
+from turngym.rollout import Collector
+from turngym.train import TrainConfig, load_policy, rl_section
+from turngym.trainers.registry import get_algorithm
 
 ENV = "turngym/TextWorld-easy-v0"
 SHOW = ("rollout/success", "rollout/invalid_rate", "pg/episodes_trained", "screen/greedy_success",
@@ -39,15 +40,15 @@ def main(argv: list[str]) -> None:
     policy = load_policy("default")
     policy.model.load_state_dict(torch.load(weights, map_location=policy.device))
     policy.invalidate_caches()
-    with EnvPools() as pools:
-        trainer = TRAINERS[section](policy, ENV, cfg, env_kwargs={"tool_format": "xml", "split": "train"}, out_dir=out,
-                            pools=pools)
+    with Collector(policy, workers=cfg.env_workers) as collector:
+        trainer = get_algorithm(algo).trainer(policy, ENV, cfg, env_kwargs={"tool_format": "xml", "split": "train"}, out_dir=out,
+                                    collector=collector)
         trainer.train(progress=False, resume=False, on_iteration=lambda t, m: print(
             t.iteration, {k.split("/")[-1]: round(m[k], 3) for k in SHOW if k in m}, flush=True))
         t0 = time.perf_counter()
         r = evaluate(ENV, policy, episodes=128, seed=10_000, env_kwargs={"tool_format": "xml", "split": "test"},
                      sampling=SamplingParams(temperature=0.0, max_new_tokens=16, seed=0), num_envs=32,
-                     progress=False, distinct=True, pools=pools)
+                     progress=False, distinct=True, collector=collector)
     r.save(f"{out}/eval_final.json")
     print(f"held-out greedy {r.summary['success']:.3f}, invalid {r.summary['invalid_action_rate']:.3f}, "
           f"eval {time.perf_counter() - t0:.0f} s, train {trainer.train_seconds:.0f} s, {trainer.env_steps} env steps")

@@ -87,4 +87,4 @@ class EveryGuess(HFPolicy):
     def alternatives(self, prompts, actions, k, stops=(), max_new_tokens=64):
         end = sorted(self.chat.end_token_ids)[:1]
         replies = [(str(n), self.chat.encode(str(n)) + end) for n in range(1, 9)][:k]
-        return [[Utterance(text, list(p), ids, [0.0] * len(ids)) for text, ids in replies] for p in prompts]
+        return [[Utterance(text, ids, [0.0] * len(ids)) for text, ids in replies] for p in prompts]

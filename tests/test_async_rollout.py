@@ -244,7 +244,7 @@ def test_collector_with_a_real_lm_records_tokens_and_versions(tiny_model):
     assert len(trajs) == 6
     for t in trajs:
         assert len(t.turns) == 2 and t.truncated  # the random model does not find the number in 2 turns
-        for turn in t.turns:
-            assert turn.prompt_ids and len(turn.action_ids) == len(turn.action_logprobs) > 0
+        for k, turn in enumerate(t.turns):
+            assert t.prompt_ids(k) and len(t.action_ids(k)) == len(t.action_logprobs(k)) > 0
             assert isinstance(turn.info["policy_version"], int)
     assert max(t.metadata["policy_version"] for t in batches[-1]) >= 1

@@ -3,7 +3,9 @@ runner-up replies (packed and plain paths agree), the search's plumbing, and the
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -12,15 +14,19 @@ from turngym.agents.base import SamplingParams
 from turngym.agents.hf import HFPolicy
 from turngym.rollout import EpisodeSpec, make_env_factory, rollout
 from turngym.rollout.branching import Tree, branch_points, branch_search, observation_key, tree_rollout, visit_keys
-from turngym.types import Message
 from turngym.rollout.episode import branch_of
 from turngym.trainers.branch_bc import BranchBCConfig, BranchBCTrainer, better
-from turngym.types import Trajectory, Turn, Utterance
+from turngym.types import Message, Trajectory, Turn, Utterance
 
 from fixtures_model import EveryGuess as _EveryGuess
 from fixtures_model import build_tiny_model
 
 ENV = "tests/Guess-v0"
+
+
+class _Recorded(NamedTuple):
+    prompt_ids: list[int]
+    action_ids: list[int]
 TEXT = {"tool_format": "text"}  # the whole reply is the guess: "3" is a valid move
 
 
@@ -98,35 +104,35 @@ def test_a_branch_replays_its_prefix_token_for_token(policy):
     branch = rollout(policy, make_env_factory(ENV, **TEXT), [branch_of(root, spec, j, free_turns=1)],
                      sampling=SamplingParams(1.0, max_new_tokens=6, seed=99), progress=False)[0]
     assert len(branch.turns) == j + 1 and branch.truncated and branch.metadata["stopped"] == "free_turns"
-    for a, b in zip(root.turns[:j], branch.turns[:j]):
-        assert (a.prompt_ids, a.action_ids, a.action_text) == (b.prompt_ids, b.action_ids, b.action_text)
+    for k, (a, b) in enumerate(zip(root.turns[:j], branch.turns[:j])):
+        assert (root.prompt_ids(k), root.action_ids(k), a.action_text) == (branch.prompt_ids(k), branch.action_ids(k), b.action_text)
         assert a.info["state_key"] == b.info["state_key"] and a.observation == b.observation
-    # the policy's own turn after the prefix continues the same token record
-    assert branch.turns[j].prompt_ids == root.turns[j].prompt_ids
+    # the policy's own turn after the prefix continues the same token record: the branch's record
+    # shares the root's up to that turn's prompt
+    assert branch.prompt_ids(j) == root.prompt_ids(j)
+    assert branch.record.ids[: branch.turns[j].span[0]] == root.record.ids[: root.turns[j].span[0]]
     assert branch.metadata["branch_at"] == j
 
 
 def test_a_replay_that_meets_another_prompt_ends_with_an_error(policy):
     spec, root = _played(policy)
-    bad = dataclasses.replace(root.turns[1], prompt_ids=root.turns[1].prompt_ids[:-1])
-    prefix = (root.turns[0], bad)
-    out = rollout(policy, make_env_factory(ENV, **TEXT), [EpisodeSpec(spec.task_id, spec.seed, prefix=prefix)],
+    bad = dataclasses.replace(root, record=copy.deepcopy(root.record))
+    bad.record.ids[bad.turns[1].span[0] - 1] += 1  # the recording's prompt for turn 1 differs by one token
+    out = rollout(policy, make_env_factory(ENV, **TEXT), [EpisodeSpec(spec.task_id, spec.seed, parent=bad, replay_turns=2)],
                   sampling=SamplingParams(max_new_tokens=6, seed=0), progress=False)[0]
     assert out.truncated and "different prompt" in out.metadata["error"] and len(out.turns) == 1
 
 
-def _forced(policy, root: Trajectory, j: int, text: str) -> Turn:
-    chat = policy.chat
-    ids = chat.encode(text) + sorted(chat.end_token_ids)[:1]
-    return dataclasses.replace(root.turns[j], action_text=text, action_ids=ids, action_logprobs=[0.0] * len(ids),
-                               observation=[], reward=0.0, info={"branch": True})
+def _reply(policy, text: str) -> Utterance:
+    ids = policy.chat.encode(text) + sorted(policy.chat.end_token_ids)[:1]
+    return Utterance(text, ids, [0.0] * len(ids))
 
 
 def test_a_branch_whose_new_reply_changes_nothing_stops_at_once(policy):
     spec, root = _played(policy)
     for text, stopped in (("not a number", True), ("3", False)):
-        prefix = (_forced(policy, root, 0, text),)
-        out = rollout(policy, make_env_factory(ENV, **TEXT), [EpisodeSpec(spec.task_id, spec.seed, greedy=True, prefix=prefix)],
+        branch = EpisodeSpec(spec.task_id, spec.seed, greedy=True, parent=root, replay_turns=0, reply=_reply(policy, text))
+        out = rollout(policy, make_env_factory(ENV, **TEXT), [branch],
                       sampling=SamplingParams(max_new_tokens=6, seed=0), progress=False)[0]
         assert (out.metadata.get("stopped") == "branch_no_op") == stopped
     assert out.success and len(out.turns) == 1  # "3" wins task 3 at once
@@ -138,7 +144,7 @@ def test_alternatives_fork_the_least_certain_token_and_packed_equals_plain(tiny_
     packed = HFPolicy(model, tiny_tokenizer, generation_dtype=torch.float32, packed=True)
     plain = HFPolicy(model, tiny_tokenizer, generation_dtype=torch.float32, packed=False)
     _, root = _played(packed)
-    turn = root.turns[0]
+    turn = _Recorded(root.prompt_ids(0), root.action_ids(0))
     got = packed.alternatives([turn.prompt_ids], [turn.action_ids], k, max_new_tokens=6)[0]
     want = plain.alternatives([turn.prompt_ids], [turn.action_ids], k, max_new_tokens=6)[0]
     assert [u.action_ids for u in got] == [u.action_ids for u in want] and len(got) == k
@@ -149,7 +155,7 @@ def test_alternatives_fork_the_least_certain_token_and_packed_equals_plain(tiny_
     pos = int(logp.max(-1).values.argmin())
     for u in got:
         assert u.action_ids[:pos] == turn.action_ids[:pos] and u.action_ids[pos] != turn.action_ids[pos]
-        assert len(u.logprobs) == len(u.action_ids) <= 6 and u.prompt_ids == turn.prompt_ids
+        assert len(u.logprobs) == len(u.action_ids) <= 6
         # the recorded log-probs are the model's own
         torch.testing.assert_close(torch.tensor(u.logprobs), torch.tensor(plain.score(turn.prompt_ids, u.action_ids)),
                                    atol=1e-4, rtol=1e-4)
@@ -167,7 +173,7 @@ def test_branch_search_returns_whole_episodes_that_leave_their_root_once(tiny_to
     j = branch_points(root, 1)[0]
     assert found and all(t.metadata["branch_turn"] == j and t.task_id == "4" for t in found)
     for t in found:
-        assert [x.action_ids for x in t.turns[:j]] == [x.action_ids for x in root.turns[:j]]
+        assert [t.action_ids(k) for k in range(j)] == [root.action_ids(k) for k in range(j)]
         assert t.turns[j].action_text != root.turns[j].action_text
     assert sum(t.success for t in found) == 1  # exactly one guess is right
     assert all(t.metadata["parent"] == 0 for t in found)
@@ -209,9 +215,26 @@ def test_branch_bc_remembers_what_the_search_found_trains_and_resumes_exactly(ti
 
 
 def test_branch_bc_config_is_validated():
-    with pytest.raises(ValueError, match="nll"):
-        BranchBCConfig(pg_loss="ppo")
     with pytest.raises(ValueError, match=">= 1"):
         BranchBCConfig(branch_width=0)
-    with pytest.raises(ValueError, match="one process"):
-        BranchBCConfig(async_staleness=0)
+    with pytest.raises(ValueError, match="branch_by"):
+        BranchBCConfig(branch_by="room")
+    with pytest.raises(TypeError):  # its own knobs only: no PPO loss, no sampling temperature
+        BranchBCConfig(pg_loss="ppo")
+
+
+def test_branch_bc_applies_its_kl_guard(tiny_tokenizer, tmp_path):
+    """kl_coef > 0 keeps a frozen copy of the starting policy and pulls the clone update toward it.
+    (Before the likelihood update was shared with SFT, the copy was built and never used.)"""
+    make = lambda: _EveryGuess(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+    params = {}
+    for kl in (0.0, 1.0):
+        trainer = BranchBCTrainer(make(), ENV, _cfg(iterations=1, kl_coef=kl, actor_epochs=3, minibatch_size=1,
+                                                    actor_lr=1e-2), env_kwargs=TEXT, out_dir=tmp_path / str(kl))
+        row = trainer.train(progress=False)[0]
+        params[kl] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        if kl:
+            assert row["actor/kl"] > 0  # the policy moved away from the reference, and the loss saw it
+        else:
+            assert row["actor/kl"] == 0.0
+    assert any(not torch.equal(params[0.0][n], params[1.0][n]) for n in params[0.0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,7 @@ import toy_envs
 from turngym.agents.base import Conversation
 from turngym.agents.chat import STATE_KEY, ChatRenderer, chatml_tools_template
 from turngym.tools.formats import get_format
-from turngym.trainers.sequences import pack_turns
-from turngym.types import Message, ToolCall, Turn
+from turngym.types import RECORD_KEY, Message, TokenRecord, ToolCall
 
 
 def _trl_template(name: str) -> str:
@@ -64,11 +64,19 @@ def _play(renderer: ChatRenderer, fmt: str, script=None):
     for text, with_eos in script or _script(fmt):
         prompt = renderer.prompt_ids(conv)
         action = renderer.encode(text) + ([eos] if with_eos else [])
-        renderer.record(conv, action)
+        span = renderer.record(conv, action)
         obs, _, terminated, _, _ = env.step(text)
-        turns.append(Turn(action_text=text, prompt_ids=prompt, action_ids=action, observation=list(obs)))
+        turns.append(Played(prompt, action, span, list(obs)))
         conv.messages += [Message("assistant", text), *obs]
     return conv, turns
+
+
+@dataclass
+class Played:
+    prompt_ids: list[int]
+    action_ids: list[int]
+    span: tuple[int, int]
+    observation: list
 
 
 def _fresh(renderer: ChatRenderer, conv: Conversation) -> list[int]:
@@ -123,22 +131,19 @@ def test_tools_are_rendered_in_the_envs_format(tiny_tokenizer, smollm2_template)
 def test_loss_mask_marks_exactly_the_sampled_tokens(tiny_tokenizer):
     renderer = ChatRenderer(tiny_tokenizer, chatml_tools_template())
     conv, turns = _play(renderer, "hermes")
-    st = conv.state[STATE_KEY]
-    segs = pack_turns(turns)
-    assert len(segs) == 1
-    seg = segs[0]
-    assert seg.ids == st.ids[: len(seg.ids)]  # the record after the last action
-    assert seg.loss_mask == st.loss_mask[: len(seg.ids)]
-    assert sum(seg.loss_mask) == sum(len(t.action_ids) for t in turns)
-    for k, start, end in seg.turn_spans:
-        assert seg.ids[start:end] == turns[k].action_ids
-        assert set(seg.loss_mask[start:end]) == {1}
-        assert seg.loss_mask[start - 1] == 0  # the generation prompt before it is env text
+    rec = conv.state[RECORD_KEY]
+    assert conv.state[STATE_KEY].record is rec and rec.starts == [0]  # one segment
+    assert sum(rec.loss_mask) == sum(len(t.action_ids) for t in turns)
+    for t in turns:
+        start, end = t.span
+        assert rec.ids[start:end] == t.action_ids and rec.prompt(t.span) == t.prompt_ids
+        assert set(rec.loss_mask[start:end]) == {1}
+        assert rec.loss_mask[start - 1] == 0  # the generation prompt before it is env text
     # The closing <|im_end|> the model did not sample (stop-string turns) is masked out.
     im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    sampled_ends = [i for i, t in enumerate(st.ids) if t == im_end and st.loss_mask[i] == 1]
+    sampled_ends = [i for i, t in enumerate(rec.ids) if t == im_end and rec.loss_mask[i] == 1]
     assert len(sampled_ends) == sum(bool(t.action_ids) and t.action_ids[-1] == im_end for t in turns)
-    assert 0 < len(sampled_ends) < st.ids.count(im_end)
+    assert 0 < len(sampled_ends) < rec.ids.count(im_end)
 
 
 def test_bpe_merge_at_the_action_edge_is_kept_as_sampled(tiny_tokenizer):
@@ -201,7 +206,7 @@ def test_template_that_rewrites_earlier_reasoning(tiny_tokenizer):
         warnings.simplefilter("error")  # a fallback re-render would warn
         conv, turns = _play(renderer, "hermes", script)
         final = renderer.prompt_ids(conv)
-    assert len(pack_turns(turns)) == 1
+    assert conv.state[RECORD_KEY].starts == [0]
     assert "<think>low first</think>\n<tool_call>" in tiny_tokenizer.decode(final)
     assert "<think>low first</think>" not in tiny_tokenizer.decode(_fresh(renderer, conv))
 
@@ -212,7 +217,9 @@ def test_template_that_drops_the_reply_falls_back_to_a_new_segment(tiny_tokenize
     with pytest.warns(UserWarning, match="new segment"):
         conv, turns = _play(renderer, "hermes", [(_call("hermes", 3), True), (_call("hermes", 8), True)])
     assert conv.state[STATE_KEY].resets == 1
-    assert len(pack_turns(turns)) == 2
+    rec = conv.state[RECORD_KEY]
+    assert len(rec.starts) == 2 and rec.segment_start(turns[1].span[0]) == rec.starts[1]
+    assert rec.prompt(turns[1].span) == turns[1].prompt_ids  # the re-rendered prompt, on its own
 
 
 def test_asking_again_without_new_messages_resamples_the_same_turn(tiny_tokenizer):
@@ -236,15 +243,13 @@ def test_edited_conversation_is_rendered_afresh(tiny_tokenizer):
     assert "A different task." in tiny_tokenizer.decode(again)
 
 
-def test_pack_turns_splits_where_prompts_stop_extending():
-    t = [
-        Turn("a", prompt_ids=[1, 2], action_ids=[3], action_logprobs=[-0.5]),
-        Turn("b", prompt_ids=[1, 2, 3, 4], action_ids=[5, 6], action_logprobs=[-0.1, -0.2]),
-        Turn("c", prompt_ids=[9], action_ids=[7], action_logprobs=[-0.3]),
-        Turn("scripted"),
-    ]
-    segs = pack_turns(t)
-    assert [s.ids for s in segs] == [[1, 2, 3, 4, 5, 6], [9, 7]]
-    assert [s.loss_mask for s in segs] == [[0, 0, 1, 0, 1, 1], [0, 1]]
-    assert segs[0].logprobs == [0.0, 0.0, -0.5, 0.0, -0.1, -0.2]
-    assert segs[0].turn_spans == [(0, 2, 3), (1, 4, 6)] and segs[1].turn_spans == [(2, 1, 2)]
+def test_record_add_turn_starts_a_segment_where_prompts_stop_extending():
+    """A policy given whole prompts (an HTTP server's) records turns with ``add_turn``."""
+    rec = TokenRecord()
+    spans = [rec.add_turn([1, 2], [3], [-0.5]), rec.add_turn([1, 2, 3, 4], [5, 6], [-0.1, -0.2]),
+             rec.add_turn([9], [7], [-0.3])]
+    assert rec.ids == [1, 2, 3, 4, 5, 6, 9, 7] and rec.starts == [0, 6]
+    assert rec.loss_mask == [0, 0, 1, 0, 1, 1, 0, 1]
+    assert rec.logprobs == [0.0, 0.0, -0.5, 0.0, -0.1, -0.2, 0.0, -0.3]
+    assert spans == [(2, 3), (4, 6), (7, 8)]
+    assert [rec.prompt(s) for s in spans] == [[1, 2], [1, 2, 3, 4], [9]]

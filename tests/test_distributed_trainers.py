@@ -19,7 +19,7 @@ class _LengthReward:
     is 0 for all of them, which would leave GRPO nothing to learn from)."""
 
     def __call__(self, trajectories):
-        return [[(sum(turn.action_ids) % 7) / 10 for turn in t.turns] for t in trajectories]
+        return [[(sum(t.action_ids(k)) % 7) / 10 for k in range(len(t.turns))] for t in trajectories]
 
 
 def _worker(rank: int, algo: str, init_file: str, out_dir: str) -> None:

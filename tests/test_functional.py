@@ -6,6 +6,10 @@ import torch
 from torch.testing import assert_close
 
 from turngym.trainers import functional as Fn
+from turngym.trainers.gigpo import gigpo_advantages, gigpo_step_advantages
+from turngym.trainers.grpo import grpo_advantages
+from turngym.trainers.reinforce import reinforce_advantages
+from turngym.trainers.rloo import rloo_advantages
 
 t = torch.tensor
 
@@ -68,25 +72,25 @@ def test_discounted_returns():
 
 def test_reinforce_rloo_grpo():
     r = t([[1.0, 0.0, 0.0, 1.0]])
-    assert_close(Fn.reinforce_advantages(t([1.0, 3.0])), t([-1.0, 1.0]))
+    assert_close(reinforce_advantages(t([1.0, 3.0])), t([-1.0, 1.0]))
     # leave-one-out means: 1/3, 2/3, 2/3, 1/3
-    assert_close(Fn.rloo_advantages(r), t([[2 / 3, -2 / 3, -2 / 3, 2 / 3]]))
+    assert_close(rloo_advantages(r), t([[2 / 3, -2 / 3, -2 / 3, 2 / 3]]))
     # mean .5, population std .5
-    assert_close(Fn.grpo_advantages(r, eps=0.0), t([[1.0, -1.0, -1.0, 1.0]]))
-    assert_close(Fn.grpo_advantages(r, scale_by_std=False), t([[0.5, -0.5, -0.5, 0.5]]))
-    assert_close(Fn.grpo_advantages(t([[1.0, 1.0]])), t([[0.0, 0.0]]))  # all equal -> no signal
+    assert_close(grpo_advantages(r, eps=0.0), t([[1.0, -1.0, -1.0, 1.0]]))
+    assert_close(grpo_advantages(r, scale_by_std=False), t([[0.5, -0.5, -0.5, 0.5]]))
+    assert_close(grpo_advantages(t([[1.0, 1.0]])), t([[0.0, 0.0]]))  # all equal -> no signal
 
 
 def test_gigpo_step_groups():
     # bucket (g,s): returns [1, 0] -> [1, -1]; (g,t) and (h,s) are singletons -> 0
-    a = Fn.gigpo_step_advantages(t([1.0, 0.0, 0.5, 2.0]), ["g", "g", "g", "h"], ["s", "s", "t", "s"], eps=0.0)
+    a = gigpo_step_advantages(t([1.0, 0.0, 0.5, 2.0]), ["g", "g", "g", "h"], ["s", "s", "t", "s"], eps=0.0)
     assert_close(a, t([1.0, -1.0, 0.0, 0.0]))
 
 
 def test_gigpo_combines_episode_and_step_levels():
     # episode adv (GRPO over [1, 0]) = [1, -1]; steps (ep0,a,.81) (ep0,b,.9) (ep1,a,0)
     # step adv: bucket a -> [1, -1], bucket b -> 0 ; A = A_E + 0.5 * A_S
-    a = Fn.gigpo_advantages(
+    a = gigpo_advantages(
         t([[1.0, 0.0]]), t([0.81, 0.9, 0.0]), t([0, 0, 1]), ["g"] * 3, ["a", "b", "a"], step_weight=0.5
     )
     assert_close(a, t([1.5, 1.0, -1.5]), atol=1e-5, rtol=0)

@@ -18,7 +18,6 @@ from turngym.agents.hf import KV_KEY, HFPolicy
 from turngym.agents.kvcache import supports_reuse
 from turngym.rollout import episode_specs, make_env_factory, rollout
 from turngym.tools.formats import TextFormat, register_format
-from turngym.trainers.sequences import pack_turns
 from turngym.types import Message
 
 
@@ -57,19 +56,19 @@ def test_rescoring_reproduces_recorded_logprobs_over_a_rollout(tiny_model, packe
         pol, make_env_factory("tests/Guess-v0", n_tasks=4), episode_specs(["1", "2", "3"], 3),
         sampling=SamplingParams(temperature=1.0, max_new_tokens=12, seed=3), num_envs=3, progress=False,
     )
-    turns = [t for tr in trajs for t in tr.turns]
+    turns = [(tr.prompt_ids(k), tr.action_ids(k), tr.action_logprobs(k)) for tr in trajs for k in range(len(tr.turns))]
     assert len(turns) == 15  # max_turns=5 per episode: the random model never guesses right
     assert pol.stats["reused_tokens"] > 0
-    for t in turns:
-        assert len(t.action_ids) == len(t.action_logprobs) > 0
-        rescored = pol.score(t.prompt_ids, t.action_ids)
-        torch.testing.assert_close(torch.tensor(rescored), torch.tensor(t.action_logprobs), atol=1e-4, rtol=0)
+    for prompt, action, lps in turns:
+        assert len(action) == len(lps) > 0
+        rescored = pol.score(prompt, action)
+        torch.testing.assert_close(torch.tensor(rescored), torch.tensor(lps), atol=1e-4, rtol=0)
     # Batched scoring of whole turns agrees too.
-    batch = pol.score_batch([t.prompt_ids for t in turns], [t.action_ids for t in turns])
-    for t, lp in zip(turns, batch):
-        torch.testing.assert_close(torch.tensor(lp), torch.tensor(t.action_logprobs), atol=1e-4, rtol=0)
+    batch = pol.score_batch([p for p, _, _ in turns], [a for _, a, _ in turns])
+    for (_, _, lps), lp in zip(turns, batch):
+        torch.testing.assert_close(torch.tensor(lp), torch.tensor(lps), atol=1e-4, rtol=0)
     # Each episode is one token segment: prompts extend each other across all five turns.
-    assert all(len(pack_turns(tr.turns)) == 1 for tr in trajs)
+    assert all(tr.record.starts == [0] for tr in trajs)
 
 
 @ENGINES

@@ -22,7 +22,7 @@ import toy_envs
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.agents.http import OpenAIPolicy, PolicyHTTPError
 from turngym.agents.registry import make_agent
-from turngym.types import Message, Turn
+from turngym.types import RECORD_KEY, Message
 
 
 def _reply(content="", tool_calls=None, logprobs=None, finish="stop", **choice_extra) -> dict:
@@ -247,9 +247,9 @@ def test_vllm_flavor_gives_exact_tokens_that_make_a_valid_turn(stub):
         u = _policy(s).act([conv])[0]
     assert s.bodies[0]["return_token_ids"] is True and s.bodies[0]["logprobs"] is True
     assert u.prompt_ids == [1, 2, 3, 4] and u.action_ids == [11, 12, 13] and u.logprobs == [-0.5, -0.25, -2.0]
-    # The failure this fixes: "Turn has 0 action_ids but 24 logprobs".
-    turn = Turn(u.text, prompt_ids=u.prompt_ids, action_ids=u.action_ids, action_logprobs=u.logprobs)
-    assert len(turn.action_ids) == len(turn.action_logprobs) == 3
+    # The failure this fixes: "Turn has 0 action_ids but 24 logprobs": the record holds all three.
+    rec = conv.state[RECORD_KEY]
+    assert rec.ids[u.span[0] : u.span[1]] == [11, 12, 13] and rec.logprobs[u.span[0] : u.span[1]] == [-0.5, -0.25, -2.0]
 
 
 def test_plain_server_without_ids_is_text_only_and_warns_once(stub):
@@ -261,7 +261,7 @@ def test_plain_server_without_ids_is_text_only_and_warns_once(stub):
         f"{s.url}/chat/completions returns no token ids; recording text only (no token ids or log-probs, "
         "so these trajectories are not trainable)"]
     assert all(u.text == "a" and u.action_ids == [] and u.logprobs == [] and u.prompt_ids == [] for u in out)
-    Turn(out[0].text, action_ids=out[0].action_ids, action_logprobs=out[0].logprobs)  # consistent
+    assert out[0].span is None and out[0].record is None  # text only: nothing in a record
 
 
 def test_server_rejecting_the_field_is_asked_again_without_it_then_never(stub):

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "turngym"
 
 # DESIGN.md's rooms, lowest first. A module may import its own room and any room below it.
 ROOMS = [("types", "config"), ("data", "tools"), ("envs",), ("agents",), ("rollout",), ("rewards",),
-         ("trainers",), ("bench",), ("train",), ("cli",)]
+         ("trainers",), ("bench",), ("train",), ("protocol",), ("cli",)]
 RANK = {room: i for i, group in enumerate(ROOMS) for room in group}
 
 
@@ -121,3 +121,37 @@ def test_no_import_runs_up_the_rooms():
 def test_no_modules_import_each_other_in_a_circle():
     mods = module_files()
     assert cycles(import_graph(mods), set(mods)) == []
+
+
+# Rooms above rollout/ play episodes only through its Collector: none builds an env or plays one itself.
+ABOVE_ROLLOUT = {room for group in ROOMS[RANK["rollout"] + 1:] for room in group}
+ENV_BUILDERS = {"make_env_factory", "rollout", "async_rollout", "AsyncCollector", "EnvPools", "open_handles",
+                "make_handle", "LocalEnv", "SubprocessEnv", "branch_search", "tree_rollout", "make", "make_revisit_limited"}
+
+
+def env_builders(path: Path) -> list[str]:
+    """What a module uses to build or play envs itself: env-building names imported from turngym,
+    ``gymnasium`` imports, and ``*.make(...)`` calls (``gym.make``, ``turngym.make``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("turngym"):
+            found += [f"imports {a.name} from {node.module}" for a in node.names if a.name in ENV_BUILDERS]
+        elif isinstance(node, ast.Import):
+            found += [f"imports {a.name}" for a in node.names if a.name.split(".")[0] == "gymnasium"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gymnasium":
+            found.append(f"imports from {node.module}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "make":
+            found.append(f"calls {ast.unparse(node.func)}(...) at line {node.lineno}")
+    return found
+
+
+def test_env_builders_are_spotted_on_a_made_up_module(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("import gymnasium as gym\nfrom turngym.rollout import rollout, Collector\nenv = gym.make('x')\n")
+    assert env_builders(src) == ["imports gymnasium", "imports rollout from turngym.rollout", "calls gym.make(...) at line 3"]
+
+
+def test_no_module_above_rollout_builds_envs_for_collection():
+    bad = {mod: found for mod, path in module_files().items()
+           if room_of(mod) in ABOVE_ROLLOUT and (found := env_builders(path))}
+    assert bad == {}

@@ -10,9 +10,11 @@ import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.envs.wrappers import RevisitLimit
-from turngym.rollout import EpisodeSpec, episode_specs, make_env_factory, rollout
+from turngym.rollout import Collector, EnvTarget, EpisodeSpec, episode_specs, make_env_factory, rollout
+from turngym.rollout.schedule import contrast_weight
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, rescore_old_logprobs
+from turngym.trainers.filtered_bc import best_of_group_advantages
 from turngym.trainers.pg import PGConfig, PGTrainer, turn_advantages
 from turngym.trainers.sequences import pack_batch
 from turngym.types import ToolCall, Trajectory, Turn
@@ -28,7 +30,7 @@ def test_equal_group_mask_by_hand():
 def test_best_of_group_clones_only_a_successful_best_episode():
     returns = torch.tensor([[0.5, 0.9, 0.9], [0.0, 0.2, 0.1]])
     success = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # the 2nd group's best failed
-    torch.testing.assert_close(Fn.best_of_group_advantages(returns, success),
+    torch.testing.assert_close(best_of_group_advantages(returns, success),
                                torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))  # first of the tied best
 
 
@@ -38,16 +40,16 @@ def test_best_of_group_prefers_the_shorter_success_and_clones_k():
     success = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     lengths = torch.tensor([[6, 2, 3, 9]])
     # ranking: return first (1.0 ties broken by 3 < 6 turns), then the 0.9 episode
-    assert Fn.best_of_group_advantages(returns, success, lengths).tolist() == [[0.0, 0.0, 1.0, 0.0]]
-    assert Fn.best_of_group_advantages(returns, success, lengths, k=2).tolist() == [[1.0, 0.0, 1.0, 0.0]]
+    assert best_of_group_advantages(returns, success, lengths).tolist() == [[0.0, 0.0, 1.0, 0.0]]
+    assert best_of_group_advantages(returns, success, lengths, k=2).tolist() == [[1.0, 0.0, 1.0, 0.0]]
     # k beyond the successes clones every success, never the failure
-    assert Fn.best_of_group_advantages(returns, success, lengths, k=8).tolist() == [[1.0, 1.0, 1.0, 0.0]]
+    assert best_of_group_advantages(returns, success, lengths, k=8).tolist() == [[1.0, 1.0, 1.0, 0.0]]
 
 
 def test_best_of_group_skips_a_failed_episode_with_a_higher_return():
     returns = torch.tensor([[0.5, 0.2, 0.3]])  # a shaped failure outscores both successes
     success = torch.tensor([[0.0, 1.0, 1.0]])
-    assert Fn.best_of_group_advantages(returns, success).tolist() == [[0.0, 0.0, 1.0]]
+    assert best_of_group_advantages(returns, success).tolist() == [[0.0, 0.0, 1.0]]
 
 
 def test_token_share_by_hand():
@@ -123,7 +125,7 @@ def _update(policy, batch, adv=None, **kw):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     cfg = PGConfig(**{"algo": "reinforce", "episodes_per_iter": 4, "minibatch_size": 4, **kw})
     adv = torch.linspace(-1, 1, batch.old_logprobs.numel()) if adv is None else adv
-    metrics = actor_update(model, opt, batch, adv, None, cfg, torch.Generator().manual_seed(0))
+    metrics = actor_update(model, opt, batch, adv, None, cfg, torch.Generator().manual_seed(0), loss=cfg.loss)
     after = {n: p.detach().clone() for n, p in model.named_parameters()}
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -173,15 +175,15 @@ def test_filtered_bc_trains_and_new_knobs_are_validated(policy, tmp_path):
 
 def test_contrast_weight_by_hand():
     # p = (s + 1) / (n + 2); w = p (1 - p)
-    assert Fn.contrast_weight(0, 0) == pytest.approx(0.25)  # unseen: the maximum
-    assert Fn.contrast_weight(4, 8) == pytest.approx(0.25)  # 5/10
-    assert Fn.contrast_weight(8, 8) == pytest.approx(0.09)  # 9/10 * 1/10
-    assert Fn.contrast_weight(0, 8) == pytest.approx(0.09)
-    assert Fn.contrast_weight(2, 8) == pytest.approx(0.21)  # 3/10 * 7/10
+    assert contrast_weight(0, 0) == pytest.approx(0.25)  # unseen: the maximum
+    assert contrast_weight(4, 8) == pytest.approx(0.25)  # 5/10
+    assert contrast_weight(8, 8) == pytest.approx(0.09)  # 9/10 * 1/10
+    assert contrast_weight(0, 8) == pytest.approx(0.09)
+    assert contrast_weight(2, 8) == pytest.approx(0.21)  # 3/10 * 7/10
 
 
 def test_weighted_task_schedule_draws_without_replacement_and_prefers_heavy_tasks():
-    from turngym.trainers.trainer import task_schedule
+    from turngym.rollout import task_schedule
 
     tasks = [f"t{i}" for i in range(8)]
     specs = task_schedule(tasks, 16, seed=0, iteration=3, group_size=2, weights=[1.0] * 8)
@@ -200,10 +202,10 @@ def test_contrast_sampling_records_outcomes_and_resumes_them(policy, tmp_path):
                    reward=["env"], minibatch_size=2, task_sampling="contrast")
     a = PGTrainer(policy, ENV, cfg, out_dir=tmp_path / "a")
     a.train(progress=False)
-    assert sum(n for _, n in a.task_outcomes.values()) == 4 and len(a.task_outcomes) == 2
+    assert sum(n for _, n in a.tasks.task_outcomes.values()) == 4 and len(a.tasks.task_outcomes) == 2
     b = PGTrainer(policy, ENV, cfg, out_dir=tmp_path / "b")
     b.load(tmp_path / "a" / "checkpoint")
-    assert b.task_outcomes == a.task_outcomes
+    assert b.tasks.task_outcomes == a.tasks.task_outcomes
     assert b.schedule(4, 2) == a.schedule(4, 2)
 
 
@@ -238,7 +240,7 @@ def test_filtered_bc_with_the_nll_loss_is_sft_on_the_chosen_episodes(policy):
 
 
 def test_greedy_in_group_plays_each_groups_first_episode_greedily(policy):
-    from turngym.trainers.trainer import task_schedule
+    from turngym.rollout import task_schedule
 
     specs = task_schedule(["1", "2", "3"], 6, seed=0, iteration=0, group_size=3, greedy_first=True)
     assert [s.greedy for s in specs] == [True, False, False, True, False, False]
@@ -250,7 +252,7 @@ def test_greedy_in_group_plays_each_groups_first_episode_greedily(policy):
     greedy = [t for t, s in zip(trajs, specs) if s.greedy]
     assert [t.metadata.get("greedy") for t in trajs] == [s.greedy or None for s in specs]
     # the anchors play exactly what a greedy rollout plays, though they share batches with samples
-    assert [[x.action_ids for x in t.turns] for t in greedy] == [[x.action_ids for x in t.turns] for t in alone]
+    assert [[t.action_ids(k) for k in range(len(t.turns))] for t in greedy] == [[t.action_ids(k) for k in range(len(t.turns))] for t in alone]
 
 
 def test_greedy_in_group_drops_groups_greedy_decoding_already_wins(policy, tmp_path):
@@ -275,14 +277,14 @@ def test_greedy_failed_sampling_screens_every_task_and_targets_the_failures(poli
     a.screen()  # what a greedy rollout of every training task gives
     greedy = rollout(policy, make_env_factory(ENV), [EpisodeSpec(t, i) for i, t in enumerate(a.task_ids)],
                      sampling=SamplingParams(0.0, max_new_tokens=6), num_envs=4, progress=False)
-    assert a.greedy_outcomes == {t.task_id: t.success for t in greedy}
+    assert a.tasks.greedy_outcomes == {t.task_id: t.success for t in greedy}
     assert a.env_steps == sum(len(t.turns) for t in greedy)  # its env steps count
-    a.env_steps, a.greedy_outcomes = 0, {}
+    a.env_steps, a.tasks.greedy_outcomes = 0, {}
     logs = a.train(progress=False, resume=False)
     assert "screen/greedy_success" in logs[0] and "screen/greedy_success" not in logs[1]  # screen_every=2
     assert logs[0]["env_steps"] > logs[0]["rollout/env_steps"]  # iteration 0: the screen plus 4 episodes
     # tasks greedy decoding solved are drawn with weight 0.1, failed ones with 1
-    a.greedy_outcomes = {t: i == 0 for i, t in enumerate(a.task_ids)}
+    a.tasks.greedy_outcomes = {t: i == 0 for i, t in enumerate(a.task_ids)}
     drawn = []
     for it in range(60):
         a.iteration = 2 * it + 1  # no screen due
@@ -290,21 +292,20 @@ def test_greedy_failed_sampling_screens_every_task_and_targets_the_failures(poli
     assert drawn.count(a.task_ids[0]) < drawn.count(a.task_ids[1]) / 3
     b = PGTrainer(policy, ENV, cfg, out_dir=tmp_path / "b")
     b.load(tmp_path / "a" / "checkpoint")
-    assert set(b.greedy_outcomes) == set(a.task_ids)
+    assert set(b.tasks.greedy_outcomes) == set(a.task_ids)
     with pytest.raises(ValueError, match="async_staleness"):
         PGConfig(task_sampling="greedy_failed", async_staleness=0)
 
 
 def test_expert_replay_adds_the_sft_data_to_every_filtered_bc_update(policy, tmp_path):
-    from turngym.trainers.sft import expert_data
 
     cfg = PGConfig(algo="filtered_bc", iterations=1, episodes_per_iter=2, group_size=2, num_envs=2, max_new_tokens=6,
                    reward=["env"], minibatch_size=4, expert_replay=2, autocast="none", actor_lr=1e-3)
     trainer = PGTrainer(policy, ENV, cfg, out_dir=tmp_path)
     trainer.setup()
     # the SFT stage's data, token for token
-    want = expert_data(policy, ENV, 2)
-    assert [[x.action_ids for x in t.turns] for t in trainer.experts] == [[x.action_ids for x in t.turns] for t in want]
+    want = _demos(policy, 2)
+    assert [[t.action_ids(k) for k in range(len(t.turns))] for t in trainer.experts] == [[t.action_ids(k) for k in range(len(t.turns))] for t in want]
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     logs = trainer.train(progress=False, resume=False)
     assert logs[0]["pg/expert_episodes"] == 2.0
@@ -317,15 +318,15 @@ def test_expert_replay_adds_the_sft_data_to_every_filtered_bc_update(policy, tmp
 def test_expert_replay_is_sharded_over_ranks(policy, tmp_path):
     """Gradients are averaged over ranks, so each rank replays its own share of the demonstrations."""
     from turngym.trainers.distributed import DistContext
-    from turngym.trainers.sft import expert_data
 
     cfg = PGConfig(algo="filtered_bc", episodes_per_iter=2, group_size=2, num_envs=2, expert_replay=3)
-    want = [[x.action_ids for x in t.turns] for t in expert_data(policy, ENV, 3)]
+    want = [[t.action_ids(k) for k in range(len(t.turns))] for t in _demos(policy, 3)]
     shards = []
     for rank in (0, 1):
-        trainer = PGTrainer(policy, ENV, cfg, out_dir=tmp_path / str(rank), ctx=DistContext(rank=rank, world_size=2))
+        ctx = DistContext(rank=rank, world_size=2)
+        trainer = PGTrainer(policy, ENV, cfg, out_dir=tmp_path / str(rank), ctx=ctx, collector=Collector(policy, ctx=ctx))
         trainer._setup_extra()
-        shards.append([[x.action_ids for x in t.turns] for t in trainer.experts])
+        shards.append([[t.action_ids(k) for k in range(len(t.turns))] for t in trainer.experts])
     assert shards == [[want[0], want[2]], [want[1]]]
 
 
@@ -341,3 +342,9 @@ def test_switching_algo_in_overrides_reconciles_the_pg_section():
     assert (back.pg.algo, back.pg.expert_replay) == ("filtered_bc", 8)
     nll = apply_overrides(TrainConfig(), ["algo=rloo", "pg.pg_loss=nll"])
     assert (nll.pg.algo, nll.pg.expert_replay) == ("rloo", 8)
+
+
+def _demos(policy, n):
+    """The SFT stage's demonstrations of the toy env (``Collector.demonstrations``)."""
+    with Collector(policy) as collector:
+        return collector.demonstrations(EnvTarget(ENV), n)

@@ -23,7 +23,7 @@ def test_bootstrap_ci_brackets_the_mean():
 
 def test_summarize_counts_and_groups():
     def traj(outcome, valid, kind):
-        turns = [Turn("a", info={"action_valid": v}, action_ids=[1, 2]) for v in valid]
+        turns = [Turn("a", info={"action_valid": v}, span=(2 * i, 2 * i + 2)) for i, v in enumerate(valid)]
         return Trajectory("t", turns, outcome=outcome, metadata={"task_type": kind})
 
     s = summarize([traj(1.0, [True, False], "a"), traj(0.0, [True], "a"), traj(1.0, [True, True, True], "b")])

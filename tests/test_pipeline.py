@@ -7,7 +7,8 @@ import json
 
 from fixtures_model import build_tiny_model
 
-from turngym.train import EvalConfig, TrainConfig, held_out_table, run
+from turngym.bench.protocol import held_out_table
+from turngym.train import EvalConfig, TrainConfig, run
 from turngym.trainers.archer import ArcherConfig
 from turngym.trainers.sft import SFTConfig
 

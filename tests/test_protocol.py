@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -16,7 +15,6 @@ from turngym.bench.metrics import (bootstrap_diff, cluster_bootstrap_diff, mcnem
                                    seed_t_interval)
 from turngym.bench.protocol import compare_arms, markdown_report, release_memory, steps_to_target
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "protocol.py"
 
 
 def test_mcnemar_exact_by_hand():
@@ -159,12 +157,12 @@ def test_a_time_budgeted_trainer_bar_counts_seconds_not_the_iteration_cap(tmp_pa
     assert "1/1 [" in bar and "s/s" in bar and f"it={t.iteration}" in bar and "/1000" not in bar, bar
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("protocol_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
+def _protocol(argv: list[str]) -> dict:
+    """``turngym protocol ARGV``, returning its report."""
+    from turngym.cli import build_parser
+    from turngym.protocol import run_protocol
+
+    return run_protocol(build_parser().parse_args(["protocol", *argv]))
 
 
 def test_protocol_end_to_end_and_resume(tmp_path, tiny_tokenizer, capsys):
@@ -185,8 +183,7 @@ eval: {{split: '', max_new_tokens: 6, num_envs: 4, allow_train_overlap: true}}  
     out = tmp_path / "protocol"
     argv = ["--config", str(cfg), "--arm", "rloo", "--arm", "sft_continued", "--seeds", "0", "--games", "3",
             "--samples", "1", "--eval-every", "1", "--out", str(out), "--quiet"]
-    script = _load_script()
-    report = script.main(argv)
+    report = _protocol(argv)
     first = capsys.readouterr().out
     assert set(report["finals"]) == {"sft", "rloo", "sft_continued"}
     games = report["finals"]["sft"][0]["games"]
@@ -209,13 +206,13 @@ eval: {{split: '', max_new_tokens: 6, num_envs: 4, allow_train_overlap: true}}  
     stages = json.loads(stages_path.read_text())
     del stages["eval_final"]
     stages_path.write_text(json.dumps(stages))
-    again = script.main(argv)
+    again = _protocol(argv)
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[protocol]")]
     assert len(lines) == 1 and "rloo final" in lines[0]
     assert again["finals"]["rloo"][0]["per_episode_success"] == report["finals"]["rloo"][0]["per_episode_success"]
 
     # --report-only trains nothing and leaves out what has not finished (here a seed never run)
-    partial = script.main([*argv, "--seeds", "0", "1", "--report-only"])
+    partial = _protocol([*argv, "--seeds", "0", "1", "--report-only"])
     assert not [x for x in capsys.readouterr().out.splitlines() if x.startswith("[protocol]")]
     assert set(partial["finals"]["rloo"]) == {0} and partial["table"]["rloo"]["mean"]["seeds"] == 1
 
@@ -238,7 +235,8 @@ def test_release_memory_gives_freed_heap_pages_back():
 
 def test_demo_seeds_choose_different_training_tasks_and_the_rl_stage_must_agree():
     from turngym.train import TrainConfig
-    from turngym.trainers.sft import SFTConfig, demo_task_ids
+    from turngym.rollout.schedule import demo_task_ids
+    from turngym.trainers.sft import SFTConfig
 
     tasks = [f"t{i}" for i in range(64)]
     assert demo_task_ids(tasks, 8) == tasks  # -1: the first tasks, cycled by episode_specs

@@ -150,9 +150,9 @@ def test_pool_set_weights_changes_outputs_and_version(ray_local, tiny_tokenizer)
         before = pool.run(specs, greedy)
         assert pool.set_weights(new.state_dict(), version=7) == 7
         after = pool.run(specs, greedy)
-    ids = lambda trajs: [[t.action_ids for t in tr.turns] for tr in trajs]  # noqa: E731
+    ids = lambda trajs: [tr.record.ids for tr in trajs]  # noqa: E731
     assert [t.metadata["policy_version"] for t in before + after] == [0, 0, 7, 7]
-    assert all(tr.turns and tr.turns[0].action_ids for tr in before + after)
+    assert all(tr.turns and tr.action_ids(0) for tr in before + after)
     assert ids(before) != ids(after)
     from turngym.agents.hf import HFPolicy
 

@@ -173,12 +173,11 @@ def test_policy_encoder_reads_the_recorded_tokens_at_state_and_action(policy):
     enc = PolicyEncoder(policy.model)
     feats = enc.encode_trajectory(traj)
     assert feats.shape == (len(traj.turns), enc.dim) and enc.dim == 2 * policy.model.config.hidden_size
-    last = traj.turns[-1]
-    ids = torch.tensor([list(last.prompt_ids) + list(last.action_ids)])
+    last = len(traj.turns) - 1
+    ids = torch.tensor([traj.prompt_ids(last) + traj.action_ids(last)])
     with torch.no_grad():
         h = policy.model.model(input_ids=ids).last_hidden_state[0]
-    t1 = traj.turns[1]
-    s, a = len(t1.prompt_ids) - 1, len(t1.prompt_ids) + len(t1.action_ids) - 1
+    s, a = len(traj.prompt_ids(1)) - 1, len(traj.prompt_ids(1)) + len(traj.action_ids(1)) - 1
     torch.testing.assert_close(feats[1], torch.cat([h[s], h[a]]), atol=1e-4, rtol=1e-4)
     with pytest.raises(RuntimeError, match="bind"):
         PolicyEncoder().encode_trajectory(traj)

@@ -69,11 +69,46 @@ def test_autocast_auto_uses_bf16_only_where_the_hardware_has_it():
 
 
 def test_each_algo_trains_with_its_own_section():
-    from turngym.train import TRAINERS, rl_section
+    from turngym.train import rl_section
+    from turngym.trainers.registry import get_algorithm
 
     assert TrainConfig().algo == "branch_bc"
     for algo, section, trainer in (("archer", "archer", "ArcherTrainer"), ("rloo", "pg", "PGTrainer"),
                                    ("filtered_bc", "pg", "PGTrainer"), ("branch_bc", "branch", "BranchBCTrainer")):
         cfg = apply_overrides(TrainConfig(), [f"algo={algo}"])
         name, sub = rl_section(cfg)
-        assert name == section and sub is getattr(cfg, section) and TRAINERS[name].__name__ == trainer
+        assert name == section and sub is getattr(cfg, section) and get_algorithm(algo).trainer.__name__ == trainer
+
+
+def test_every_algorithm_is_registered_and_named_in_the_help():
+    import argparse
+
+    from turngym.train import add_arguments
+    from turngym.trainers.registry import algorithm_names
+
+    names = algorithm_names()
+    assert names == ["branch_bc", "archer", "grpo", "gigpo", "rloo", "reinforce", "filtered_bc"]
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    help_text = p.format_help()
+    assert all(n in help_text for n in names)
+    assert all(n in TrainConfig.__dataclass_fields__["algo"].metadata["help"] for n in names)
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        apply_overrides(TrainConfig(), ["algo=ppo"])
+
+
+def test_unknown_and_unused_knobs_are_errors():
+    # branch BC's config holds only its own knobs: the online trainers' sampling knobs are unknown to it
+    with pytest.raises(ValueError, match="no field 'temperature'"):
+        apply_overrides(TrainConfig(), ["branch.temperature=0.7"])
+    with pytest.raises(ValueError, match="unknown config key"):
+        from_dict(TrainConfig, {"branch": {"async_staleness": 0}})
+    # a critic-free knob only another algorithm reads
+    with pytest.raises(ValueError, match="does not use"):
+        PGConfig(algo="rloo", group_size=2, step_weight=0.5)
+    with pytest.raises(ValueError, match="does not use"):
+        PGConfig(algo="gigpo", group_size=2, bc_top_k=2)
+    assert PGConfig(algo="gigpo", group_size=2, step_weight=0.5).step_weight == 0.5
+    # switching the quickstart's filtered-BC section to another algorithm drops what it does not read
+    cfg = apply_overrides(TrainConfig(), ["algo=grpo"])
+    assert cfg.pg.algo == "grpo" and cfg.pg.expert_replay == 0

@@ -92,20 +92,22 @@ def test_resume_reproduces_the_next_batch_after_a_kill_mid_iteration(policy, tin
     b.load(tmp_path / "ckpt_after_2")
     assert b.iteration == a.iteration == 2
     trajs_b = _next_batch(b)
-    assert [t.action_ids for x in trajs_a for t in x.turns] == [t.action_ids for x in trajs_b for t in x.turns]
+    assert [x.record.ids for x in trajs_a] == [x.record.ids for x in trajs_b]
 
 
 def _next_batch(trainer):
-    from turngym.trainers.trainer import collect, task_schedule
+    from turngym.rollout import task_schedule
 
-    specs = task_schedule(trainer.task_ids, trainer.cfg.episodes_per_iter, trainer.cfg.seed, trainer.iteration)
-    return collect(trainer.policy, trainer.env_id, trainer.env_kwargs, specs, trainer.cfg, trainer.iteration)[0]
+    cfg = trainer.cfg
+    specs = task_schedule(trainer.task_ids, cfg.episodes_per_iter, cfg.seed, trainer.iteration)
+    return trainer.collector.collect(trainer.env, specs, cfg.sampling(trainer.iteration), num_envs=cfg.num_envs)[0]
 
 
 @pytest.mark.parametrize("algo", ["reinforce", "rloo", "grpo", "gigpo"])
 def test_pg_family_smoke(policy, tmp_path, algo):
+    contrast = {} if algo == "reinforce" else {"filter_equal_groups": False}  # update even without contrast
     cfg = PGConfig(algo=algo, iterations=1, episodes_per_iter=4, group_size=2, num_envs=4, max_new_tokens=10,
-                   reward=["env"], minibatch_size=2, filter_equal_groups=False)  # update even without contrast
+                   reward=["env"], minibatch_size=2, **contrast)
     rows = PGTrainer(policy, ENV, cfg, out_dir=tmp_path).train(progress=False)
     assert rows[0]["rollout/env_steps"] > 0 and "adv/mean" in rows[0]
 
@@ -158,7 +160,7 @@ def test_archer_with_async_collection_bounds_staleness(policy, tmp_path):
     assert [r["env_steps"] > 0 for r in rows] == [True] * 3
     assert all(r["async/staleness_max"] <= 1 for r in rows)
     assert any(not torch.equal(before[n], p) for n, p in _params(trainer.model).items())
-    assert trainer._collector is None  # closed at the end of train()
+    assert not trainer.collector.streaming  # stopped at the end of train()
 
 
 def test_async_collection_refuses_groups(policy, tmp_path):

@@ -68,4 +68,4 @@ def test_an_episode_plays_to_its_end_through_the_server(served_tiny):
     assert len(res.trajectories) == 2
     for traj in res.trajectories:
         assert traj.turns and (traj.terminated or traj.truncated)  # every turn answered; the env ended it
-        assert all(t.action_ids == [] for t in traj.turns)  # text only: evaluable, not trainable
+        assert traj.record is None and all(t.span is None for t in traj.turns)  # text only: evaluable, not trainable

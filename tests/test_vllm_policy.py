@@ -179,7 +179,6 @@ def test_openai_client_on_vllms_server_records_the_tokens_vllm_records(vllm_serv
 
     from turngym.agents.http import OpenAIPolicy
     from turngym.agents.vllm import VLLMPolicy
-    from turngym.types import Turn
 
     url, model = vllm_server
     client = OpenAIPolicy(url, model, return_token_ids=True)
@@ -190,6 +189,6 @@ def test_openai_client_on_vllms_server_records_the_tokens_vllm_records(vllm_serv
     local = VLLMPolicy(model, dtype="float32", enforce_eager=True, max_model_len=1024)
     engine = local.act(_convs(2), SamplingParams(temperature=0.0, max_new_tokens=8))
     for s, e in zip(served, engine):
-        Turn(s.text, prompt_ids=s.prompt_ids, action_ids=s.action_ids, action_logprobs=s.logprobs)  # consistent
+        assert s.span is not None and s.record.ids[s.span[0] : s.span[1]] == s.action_ids  # in the record
         assert s.prompt_ids == e.prompt_ids and s.action_ids == e.action_ids and len(s.action_ids) > 0
         torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(e.logprobs), atol=2e-3, rtol=0)

@@ -29,7 +29,7 @@ class EvenTokens:
     all run to the length cap and fail the toy task alike), so every update has contrast."""
 
     def __call__(self, trajectories):
-        return [[sum(1 - i % 2 for i in t.action_ids) / max(len(t.action_ids), 1) for t in traj.turns]
+        return [[sum(1 - i % 2 for i in traj.action_ids(k)) / max(len(traj.action_ids(k)), 1) for k in range(len(traj.turns))]
                 for traj in trajectories]
 
 
@@ -69,7 +69,7 @@ def test_auto_rescores_old_logprobs_when_another_engine_sampled(policy):
 
 def _engine_cfg(**kw) -> PGConfig:
     base = dict(algo="reinforce", iterations=2, episodes_per_iter=4, group_size=2, num_envs=4, max_new_tokens=10,
-                reward=["tests/even_tokens"], minibatch_size=4, filter_equal_groups=False, actor_lr=3e-3,
+                reward=["tests/even_tokens"], minibatch_size=4, actor_lr=3e-3,
                 rollout_engine="vllm", vllm=ENGINE)
     return PGConfig(**{**base, **kw})
 
@@ -90,7 +90,7 @@ def test_each_collection_samples_from_that_iterations_weights(tiny_tokenizer, tm
 
     trainer = Recording(policy, ENV, _engine_cfg(), out_dir=tmp_path)
     trainer.train(progress=False)
-    assert trainer.rollouts is None  # the engine it started is shut down
+    assert trainer.collector.engine is None  # the engine it started is shut down
 
     scorer = HFPolicy(build_tiny32(tiny_tokenizer), tiny_tokenizer)
 
@@ -98,10 +98,10 @@ def test_each_collection_samples_from_that_iterations_weights(tiny_tokenizer, tm
         scorer.model.load_state_dict(state)
         gap = 0.0
         for t in trajs:
-            for turn in t.turns:
-                assert len(turn.action_ids) == len(turn.action_logprobs) > 0  # exact tokens from the engine
-                ref = scorer.score(turn.prompt_ids, turn.action_ids)
-                gap = max(gap, (torch.tensor(turn.action_logprobs) - torch.tensor(ref)).abs().max().item())
+            for k in range(len(t.turns)):
+                assert len(t.action_ids(k)) == len(t.action_logprobs(k)) > 0  # exact tokens from the engine
+                ref = scorer.score(t.prompt_ids(k), t.action_ids(k))
+                gap = max(gap, (torch.tensor(t.action_logprobs(k)) - torch.tensor(ref)).abs().max().item())
         return gap
 
     assert len(seen) == 2
@@ -116,7 +116,7 @@ def test_each_collection_samples_from_that_iterations_weights(tiny_tokenizer, tm
 @needs_engine
 def test_turngym_train_plays_training_and_evaluations_on_one_synced_engine(tiny_tokenizer, tmp_path, monkeypatch):
     from turngym.train import TrainConfig, run
-    from turngym.trainers import rollout_engine
+    from turngym.rollout import engine as rollout_engine
 
     folder = tmp_path / "tiny32"
     build_tiny32(tiny_tokenizer).save_pretrained(folder)

@@ -1,4 +1,4 @@
-"""``turngym`` command line: ``envs | eval | train | bench | data | mcp``.
+"""``turngym`` command line: ``envs | eval | train | protocol | bench | data | mcp``.
 
 Each subcommand lives in the module that owns its work; this file only parses arguments and
 dispatches, and imports heavy modules lazily so ``turngym envs`` stays instant.
@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, module, help_ in (
         ("train", "turngym.train", "train a policy (SFT warm start, ArCHer, GRPO, ...)"),
+        ("protocol", "turngym.protocol", "measure a learning claim: arms x seeds on shared held-out games, paired CIs"),
         ("bench", "turngym.bench.cli", "run a benchmark suite"),
         ("data", "turngym.data.cli", "download or locate external task data"),
     ):

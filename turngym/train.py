@@ -20,7 +20,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -28,21 +27,19 @@ import torch
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.bench.heldout import SplitCheck, check_splits, describe_overlap, plot_stages
-from turngym.bench.metrics import bootstrap_diff
+from turngym.bench.protocol import held_out_table
 from turngym.config import apply_overrides, describe, knob, load_yaml
 from turngym.envs.registry import resolve_env_id
-from turngym.rollout import EnvPools
-from turngym.trainers.actor import loss_kind
-from turngym.trainers.archer import ArcherConfig, ArcherTrainer
-from turngym.trainers.branch_bc import BranchBCConfig, BranchBCTrainer
+from turngym.rollout import Collector
+from turngym.trainers.archer import ArcherConfig
+from turngym.trainers.branch_bc import BranchBCConfig
 from turngym.trainers.checkpoint import has_checkpoint
 from turngym.trainers.distributed import DistContext, full_params, is_sharded, model_state_dict
 from turngym.trainers.logger import MetricsLogger
-from turngym.trainers.pg import ALGOS, PGConfig, PGTrainer
+from turngym.trainers.pg import PGConfig
+from turngym.trainers.registry import algorithm_names, algorithms_help, get_algorithm
 from turngym.trainers.sft import SFTConfig, sft
-from turngym.trainers.trainer import resolve_rollout_engine
-
-ALGORITHMS = ("branch_bc", "archer", *ALGOS)  # every algorithm `algo` / `--algo` can name
+from turngym.trainers.trainer import OnlineConfig, resolve_rollout_engine
 
 
 @dataclass
@@ -97,7 +94,7 @@ class TrainConfig:
     """``turngym train``: its defaults are the quickstart (embedded model, SFT, online filtered BC, TextWorld-easy)."""
 
     model: str = knob("default", "policy: default (embedded SmolLM2-135M) | hf:PATH")
-    algo: str = knob("branch_bc", " | ".join(ALGORITHMS))
+    algo: str = knob("branch_bc", "the algorithm after SFT: " + " | ".join(algorithm_names()))
     env_id: str = knob("turngym/TextWorld-easy-v0", "environment to train on (pkg.module:ns/Name-v0 imports "
                                                    "pkg.module first, which registers it)")
     env_kwargs: dict = knob({"tool_format": "xml"}, "env constructor overrides, for training and evaluation")
@@ -108,7 +105,7 @@ class TrainConfig:
     sft: SFTConfig = knob(_quickstart_sft, "SFT warm start")
     branch: BranchBCConfig = knob(_quickstart_branch, "branch-search BC (algo=branch_bc)")
     archer: ArcherConfig = knob(_quickstart_archer, "ArCHer (algo=archer)")
-    pg: PGConfig = knob(_quickstart_pg, "critic-free trainers (algo=grpo|gigpo|rloo|reinforce|filtered_bc)")
+    pg: PGConfig = knob(_quickstart_pg, "critic-free trainers (algo=" + "|".join(algorithm_names("pg")) + ")")
     eval: EvalConfig = knob(EvalConfig, "held-out evaluation")
 
     @classmethod
@@ -116,19 +113,17 @@ class TrainConfig:
         """Before the sections are built: the top-level algo names the pg section's algo, so
         ``algo=filtered_bc pg.expert_replay=8`` over a config whose pg.algo is rloo builds."""
         algo, pg = data.get("algo"), data.get("pg")
-        if algo in ALGOS and isinstance(pg, dict) and pg.get("algo", algo) != algo:
-            data["pg"] = _pg_fields_for(algo, pg)
+        if algo in algorithm_names("pg") and isinstance(pg, dict) and pg.get("algo", algo) != algo:
+            data["pg"] = PGConfig.fields_for(algo, pg)
         return data
 
     def __post_init__(self) -> None:
-        if self.algo not in ALGORITHMS:
-            raise ValueError(f"algo must be one of {', '.join(ALGORITHMS)}, got {self.algo!r}")
+        if get_algorithm(self.algo).config is PGConfig and self.pg.algo != self.algo:
+            self.pg = PGConfig(**PGConfig.fields_for(self.algo, asdict(self.pg)))
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
         if not (self.model == "default" or self.model.startswith("hf:")):
             raise ValueError(f"model must be default or hf:PATH (a model this process can train), got {self.model!r}")
-        if self.algo in ALGOS and self.pg.algo != self.algo:
-            self.pg = PGConfig(**_pg_fields_for(self.algo, asdict(self.pg)))
         name, section = rl_section(self)
         if getattr(section, "expert_replay", 0) and section.demo_seed != self.sft.demo_seed:
             raise ValueError(f"{name}.expert_replay replays the SFT stage's demonstrations, but {name}.demo_seed="
@@ -137,25 +132,10 @@ class TrainConfig:
 
 
 def rl_section(cfg: TrainConfig) -> tuple[str, Any]:
-    """The config section that ``cfg.algo`` trains with: ``("branch", cfg.branch)``,
-    ``("archer", cfg.archer)`` or ``("pg", cfg.pg)``."""
-    if cfg.algo == "branch_bc":
-        return "branch", cfg.branch
-    if cfg.algo == "archer":
-        return "archer", cfg.archer
-    return "pg", cfg.pg
-
-
-TRAINERS = {"branch": BranchBCTrainer, "archer": ArcherTrainer, "pg": PGTrainer}
-
-
-def _pg_fields_for(algo: str, pg: dict) -> dict:
-    """The pg section switched to ``algo``: expert replay is part of filtered BC's NLL update,
-    so another algo's PPO loss drops it."""
-    fields = {**pg, "algo": algo}
-    if fields.get("expert_replay") and loss_kind(SimpleNamespace(**{**asdict(PGConfig()), **fields})) != "nll":
-        fields["expert_replay"] = 0
-    return fields
+    """The config section that ``cfg.algo`` trains with (the registry says which), and its config:
+    e.g. ``("branch", cfg.branch)`` or ``("pg", cfg.pg)``."""
+    section = get_algorithm(cfg.algo).section
+    return section, getattr(cfg, section)
 
 
 def load_policy(spec: str) -> Any:
@@ -242,29 +222,15 @@ def _refuse_overlap(cfg: TrainConfig, check: SplitCheck) -> None:
           "lists them; a gain measured on these tasks is not a held-out result.", file=sys.stderr, flush=True)
 
 
-def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str, pools: EnvPools | None = None) -> dict:
+def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str, collector: Collector | None = None) -> dict:
     policy.invalidate_caches()
     res = evaluate(cfg.env_id, policy, agent_name=f"{cfg.model}@{tag}", episodes=cfg.eval.episodes,
                    seed=10_000 + cfg.seed, env_kwargs=_with_split(cfg.env_kwargs, cfg.eval.split),
                    sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed),
-                   num_envs=cfg.eval.num_envs, progress=False, distinct=True, pools=pools)
+                   num_envs=cfg.eval.num_envs, progress=False, distinct=True, collector=collector)
     res.save(Path(cfg.output_dir) / f"eval_{tag}.json")
     # every stage plays the same held-out (task, seed) list in the same order: outcomes pair up
     return {**res.summary, "per_episode_success": [float(t.success) for t in res.trajectories]}
-
-
-def held_out_table(stages: dict) -> dict:
-    """Each evaluated stage's held-out success with its 95% CI and n, and its paired difference from
-    the SFT stage (paired bootstrap over the same held-out episodes)."""
-    evals = {k.removeprefix("eval_"): v for k, v in stages.items() if k.startswith("eval_")}
-    table = {tag: {"success": v["success"], "ci95": v["success_ci95"], "n": v["episodes"]} for tag, v in evals.items()}
-    base = evals.get("sft", {}).get("per_episode_success")
-    for tag, v in evals.items():
-        other = v.get("per_episode_success")
-        if tag != "sft" and base and other and len(other) == len(base):
-            d = bootstrap_diff(base, other, paired=True)
-            table[tag]["vs_sft"] = {"diff": d["diff"], "ci95": d["ci"], "p": d["p"], "n": len(base)}
-    return table
 
 
 class _Stages:
@@ -334,31 +300,21 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     train_kwargs = _with_split(cfg.env_kwargs, cfg.train_split)
 
     # auto decided once, so the trainer and the evaluations agree on the engine
-    section, rl_cfg = rl_section(cfg)
-    rl_cfg = resolve_rollout_engine(rl_cfg, ctx.enabled)
-    rollouts = None  # rollout_engine=vllm: one engine for the trainer's collection and every evaluation
-    pools = EnvPools()  # envs stay open from one evaluation (and collection) to the next
-    evaluator = evaluator or functools.partial(evaluate_policy, pools=pools)
-
-    def engine() -> Any:
-        nonlocal rollouts
-        if rollouts is None:
-            from turngym.trainers.rollout_engine import VLLMRollouts
-
-            rollouts = VLLMRollouts(policy, rl_cfg.vllm)
-        return rollouts
-
-    def generator() -> Any:
-        """Who plays: the policy itself, or the vLLM engine synced with its current weights."""
-        if rl_cfg.rollout_engine != "vllm":
-            return policy
-        engine().sync(policy.model)
-        return rollouts.policy
+    rl_cfg = rl_section(cfg)[1]
+    engine, vllm = "hf", {}
+    if isinstance(rl_cfg, OnlineConfig):  # the online trainers may generate with vLLM
+        rl_cfg = resolve_rollout_engine(rl_cfg, ctx.enabled)
+        engine, vllm = rl_cfg.rollout_engine, rl_cfg.vllm
+    # one Collector for the run: envs stay open from one evaluation (and collection) to the next, and
+    # with rollout_engine=vllm one engine generates the trainer's collection and every evaluation
+    collector = Collector(policy, engine=engine, vllm=vllm, workers=rl_cfg.env_workers, ctx=ctx)
+    evaluator = evaluator or functools.partial(evaluate_policy, collector=collector)
 
     def held_out(tag: str) -> None:
-        """Evaluate on rank 0 (the others wait) and record the stage."""
+        """Evaluate on rank 0 (the others wait) and record the stage, with the engine that generates
+        (the policy itself, or the vLLM engine synced with its current weights)."""
         if main:
-            stages.finish(f"eval_{tag}", evaluator(generator(), cfg, tag))
+            stages.finish(f"eval_{tag}", evaluator(collector.generator(), cfg, tag))
         ctx.barrier()
         stages.reload()
 
@@ -369,7 +325,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     sft_weights = out / "sft_model.pt"
     if cfg.sft.enabled:
         if not stages.done("sft"):
-            result = sft(policy, cfg.env_id, cfg.sft, env_kwargs=train_kwargs, progress=progress and main)
+            result = sft(policy, cfg.env_id, cfg.sft, env_kwargs=train_kwargs, progress=progress and main,
+                         collector=collector)
             if main:
                 tmp = sft_weights.with_name(sft_weights.name + ".tmp")
                 torch.save(policy.model.state_dict(), tmp)
@@ -386,10 +343,9 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     if rl_cfg.iterations > 0 and not stages.done("eval_final"):
         # The trainer resumes from its checkpoint; after a finished run (a kill came after the RL
         # stage) it only reloads the trained weights, for the final model and evaluation.
-        trainer_cls = TRAINERS[section]
+        trainer_cls = get_algorithm(cfg.algo).trainer
         trainer = trainer_cls(policy, cfg.env_id, rl_cfg, env_kwargs=train_kwargs, out_dir=out / cfg.algo, ctx=ctx,
-                              rollouts=engine() if rl_cfg.rollout_engine == "vllm" else None,  # it syncs each collection
-                              pools=pools)
+                              collector=collector)
         logger = None
         if main:
             logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=has_checkpoint(out / cfg.algo / "checkpoint"))
@@ -407,9 +363,7 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     if rl_cfg.iterations > 0:
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
 
-    pools.close()
-    if rollouts is not None:
-        rollouts.close()
+    collector.close()
     summary = {
         "env_id": cfg.env_id, "model": cfg.model, "algo": cfg.algo, "held_out_split": cfg.eval.split,
         "held_out_episodes": cfg.eval.episodes,
@@ -438,7 +392,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="YAML config (default: the quickstart, built in)")
     p.add_argument("--env", default=None, help="env id to train on (env_id); pkg.module:ns/Name-v0 imports "
                                                "pkg.module from the current folder first")
-    p.add_argument("--algo", default=None, choices=ALGORITHMS, help=f"the RL stage: {' | '.join(ALGORITHMS)}")
+    p.add_argument("--algo", default=None, help="the algorithm after SFT (default: the config's, branch_bc): "
+                   + algorithms_help())
     p.add_argument("--output-dir", default=None, help="where checkpoints, metrics and plots go")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set archer.iterations=4 --set sft.epochs=1")

@@ -1,7 +1,8 @@
 """Chat assembly: conversations to exact token ids, built incrementally across turns.
 
 A policy must train on exactly the tokens it saw and sampled, so history is never re-tokenized.
-``ChatRenderer`` keeps per-conversation token state in ``conv.state`` and grows it turn by turn:
+``ChatRenderer`` builds the episode's ``TokenRecord`` (``conv.state[RECORD_KEY]``), the one record of
+its tokens that rollouts, replays, branches and trainers share, and grows it turn by turn:
 
     prompt(k+1) = prompt(k) + action(k) + delta(k)
 
@@ -25,7 +26,7 @@ tokenization of the finished conversation, differences can only come from:
 
 In all three the recorded ids are the truth: they are what the model was conditioned on when it
 sampled. ``tests/test_chat.py`` shows each case. A template that drops the latest assistant message
-entirely falls back to a full re-render, which starts a new token segment (see ``turngym.trainers.sequences.pack_turns``).
+entirely falls back to a full re-render, which starts a new segment of the record (``TokenRecord.starts``).
 
 Tools are shown in the env's tool format: ``hermes`` through the template's own ``tools=`` when it
 can render them, otherwise (and always for ``xml``/``text``/``openai``) as the format's
@@ -41,7 +42,7 @@ from typing import Any, Sequence
 
 from turngym.agents.base import Conversation
 from turngym.tools.formats import get_format
-from turngym.types import Message
+from turngym.types import RECORD_KEY, Message, TokenRecord
 
 STATE_KEY = "turngym.chat"
 _SENTINEL = "\u2063TURNGYM_SENTINEL\u2063"
@@ -49,30 +50,34 @@ _SENTINEL = "\u2063TURNGYM_SENTINEL\u2063"
 
 @dataclass
 class ChatState:
-    """One conversation's token record, kept in ``conv.state[STATE_KEY]``.
+    """The renderer's bookkeeping for one conversation, kept in ``conv.state[STATE_KEY]``; the tokens
+    themselves are the episode's ``TokenRecord`` (``conv.state[RECORD_KEY]``).
 
     Attributes:
-        ids: Token ids so far: the latest prompt, plus its action once recorded.
-        loss_mask: Same length as ``ids``; 1 on tokens the policy sampled, 0 elsewhere.
-        prompt_len: Length of the latest prompt inside ``ids``.
+        record: The episode record this conversation grows.
+        prompt_end: Where the latest prompt ends in ``record.ids``.
         n_msgs: How many of ``conv.messages`` the latest prompt rendered.
         fingerprint: Hash of those messages, to notice a conversation edited behind our back.
         last_action: The latest recorded action ids (``None`` before the first sample).
         sampling_logprobs: Per turn, log-probs of the sampled tokens under the distribution actually
-            sampled from (after temperature / top-p). ``Utterance.logprobs`` holds the raw ones.
+            sampled from (after temperature / top-p). The record holds the raw ones.
         resets: How many times the record had to restart from a full re-render.
         owner: Identifies the renderer that built it (a different one starts afresh).
     """
 
-    ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    prompt_len: int = 0
+    record: TokenRecord = field(default_factory=TokenRecord)
+    prompt_end: int = 0
     n_msgs: int = 0
     fingerprint: int = 0
     last_action: list[int] | None = None
     sampling_logprobs: list[list[float]] = field(default_factory=list)
     resets: int = 0
     owner: int = 0
+
+    @property
+    def ids(self) -> list[int]:
+        """The current segment's ids: the latest prompt, plus its action once recorded."""
+        return self.record.tail()
 
 
 def _fingerprint(messages: Sequence[Message]) -> int:
@@ -170,20 +175,18 @@ class ChatRenderer:
         if st is None or st.last_action is None or n < st.n_msgs or _fingerprint(conv.messages[: st.n_msgs]) != st.fingerprint:
             return self._fresh(conv, st)
         if n == st.n_msgs:  # asked again with nothing new: sample this turn again
-            del st.ids[st.prompt_len:], st.loss_mask[st.prompt_len:]
+            st.record.truncate(st.prompt_end)
             if st.sampling_logprobs:
                 st.sampling_logprobs.pop()
-            return list(st.ids)
+            return st.ids
         if conv.messages[st.n_msgs].role != "assistant":
             return self._fresh(conv, st, why="the assistant's reply was not appended to the conversation")
         tail = self._env_delta(conv, st)
         if tail is None:
             return self._fresh(conv, st, why="the chat template dropped the latest assistant turn")
-        new = self.encode(tail)
-        st.ids += new
-        st.loss_mask += [0] * len(new)
+        st.record.add_prompt(self.encode(tail))
         self._mark_prompt(conv, st)
-        return list(st.ids)
+        return st.ids
 
     def _env_delta(self, conv: Conversation, st: ChatState) -> str | None:
         """Text between the end of the model's action and the next generation point.
@@ -214,7 +217,12 @@ class ChatRenderer:
             warnings.warn(f"re-rendering the whole conversation ({why}); the token record starts a new segment", stacklevel=3)
         msgs, tools = self.chat_inputs(conv)
         ids = self.encode(self.render(msgs, tools, add_generation_prompt=True))
-        st = ChatState(ids=ids, loss_mask=[0] * len(ids), owner=id(self))
+        record = conv.state.get(RECORD_KEY)
+        if not isinstance(record, TokenRecord):
+            record = conv.state[RECORD_KEY] = TokenRecord()
+        record.new_segment()
+        record.add_prompt(ids)
+        st = ChatState(record=record, owner=id(self))
         if old is not None:
             st.resets = old.resets + (1 if why else 0)
             st.sampling_logprobs = old.sampling_logprobs
@@ -223,12 +231,22 @@ class ChatRenderer:
         return list(ids)
 
     def _mark_prompt(self, conv: Conversation, st: ChatState) -> None:
-        st.prompt_len = len(st.ids)
+        st.prompt_end = len(st.record.ids)
         st.n_msgs = len(conv.messages)
         st.fingerprint = _fingerprint(conv.messages)
 
-    def record(self, conv: Conversation, action_ids: Sequence[int], sampling_logprobs: Sequence[float] | None = None) -> None:
+    def record(self, conv: Conversation, action_ids: Sequence[int], logprobs: Sequence[float] | None = None,
+               sampling_logprobs: Sequence[float] | None = None) -> tuple[int, int]:
         """Append the sampled action to the conversation's record (loss mask 1).
+
+        Args:
+            conv: The conversation ``prompt_ids`` was last called for.
+            action_ids: The sampled ids, as sampled.
+            logprobs: Their raw (temperature-1) log-probs (none: unknown, recorded as NaN).
+            sampling_logprobs: Their log-probs under the distribution sampled from.
+
+        Returns:
+            The action's span in the record.
 
         Raises:
             RuntimeError: ``prompt_ids`` was not called for this conversation first.
@@ -236,11 +254,18 @@ class ChatRenderer:
         st = self.state(conv)
         if st is None:
             raise RuntimeError("record() before prompt_ids(): no token record for this conversation")
-        del st.ids[st.prompt_len:], st.loss_mask[st.prompt_len:]
-        st.ids += list(action_ids)
-        st.loss_mask += [1] * len(action_ids)
+        st.record.truncate(st.prompt_end)
+        span = st.record.add_action(list(action_ids), list(logprobs or []))
         st.last_action = list(action_ids)
         st.sampling_logprobs.append(list(sampling_logprobs or []))
+        return span
+
+    def forced_ids(self, text: str) -> list[int]:
+        """The ids a policy writing ``text`` and ending its turn would sample: the text's tokens and the
+        template's end-of-turn token (how a demonstration's reply is recorded)."""
+        end = self.encode(self.turn_end)[:1]
+        end = end if end and end[0] in self.end_token_ids else sorted(self.end_token_ids)[:1]
+        return self.encode(text) + end
 
 
 def chatml_tools_template() -> str:

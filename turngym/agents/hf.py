@@ -3,8 +3,9 @@
 The sampling loop is our own (one forward per token over the batch) rather than
 ``model.generate``, so that three things are explicit and testable:
 
-- exact tokens: prompt ids come from ``ChatRenderer`` (incremental, see ``chat.py``); the action ids
-  are the sampled ones, never re-tokenized;
+- exact tokens: prompt ids come from ``ChatRenderer`` (incremental, see ``chat.py``), which also
+  records every sampled action in the episode's ``TokenRecord``; the action ids are the sampled
+  ones, never re-tokenized;
 - log-probs: ``Utterance.logprobs`` are the RAW model log-probs of the sampled tokens
   (``log_softmax(logits)`` at temperature 1, no top-p), i.e. what ``score()`` and a trainer
   recompute for PPO ratios. The log-probs under the distribution actually sampled from (after
@@ -40,8 +41,7 @@ from turngym.agents.chat import ChatRenderer, chatml_tools_template
 from turngym.agents.kvcache import RowCache, common_prefix, split, stack, supports_reuse
 from turngym.agents.packed import PackedLM, SlotCache, native_bf16
 from turngym.agents.sampling import StopChecker, make_generators, row_seeds, sample_next
-from turngym.tools.base import ToolRegistry
-from turngym.tools.formats import get_format
+from turngym.tools.formats import format_stops
 from turngym.types import Utterance
 
 KV_KEY = "turngym.hf_kv"
@@ -214,7 +214,7 @@ class HFPolicy:
 
     def _act_batch(self, convs: list[Conversation], prompts: list[list[int]], caches: list[RowCache | None],
                    sampling: SamplingParams) -> list[Utterance]:
-        stops = [list(sampling.stop) + _format_stops(c) for c in convs]
+        stops = [list(sampling.stop) + format_stops(c.tool_format, c.tools) for c in convs]
         turns = [len(self.chat.state(c).sampling_logprobs) for c in convs]
         rows = [i for i, p in enumerate(prompts) if len(p) < self.max_len]
         gens, new_caches = self.generate(
@@ -228,12 +228,10 @@ class HFPolicy:
         out = []
         for i, conv in enumerate(convs):
             g = results.get(i, Generation())
-            self.chat.record(conv, g.action_ids, g.sampling_logprobs)
+            span = self.chat.record(conv, g.action_ids, g.logprobs, g.sampling_logprobs)
             text = self.tokenizer.decode(g.action_ids[:-1] if g.ended_by_token else g.action_ids, skip_special_tokens=False)
-            out.append(Utterance(
-                text=text, prompt_ids=list(prompts[i]),
-                action_ids=list(g.action_ids), logprobs=list(g.logprobs), finish_reason=g.finish_reason,
-            ))
+            out.append(Utterance(text=text, action_ids=list(g.action_ids), logprobs=list(g.logprobs),
+                                 finish_reason=g.finish_reason, span=span, record=self.chat.state(conv).record))
         return out
 
     def _cache(self, conv: Conversation) -> RowCache | SlotCache | None:
@@ -514,8 +512,8 @@ class HFPolicy:
             g = gens.get(j)
             ids = h + (g.action_ids if g else [])
             text_ids = ids[:-1] if ids[-1] in self.end_ids else ids
-            out[owner[j]].append(Utterance(self.tokenizer.decode(text_ids, skip_special_tokens=False), prompts[owner[j]],
-                                           ids, lp + (list(g.logprobs) if g else [])))
+            out[owner[j]].append(Utterance(self.tokenizer.decode(text_ids, skip_special_tokens=False), ids,
+                                           lp + (list(g.logprobs) if g else [])))
         return out
 
     def _surface(self, token: int) -> str:
@@ -557,12 +555,6 @@ def _is_fsdp(model: Any) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
-
-
-def _format_stops(conv: Conversation) -> list[str]:
-    if not conv.tools:
-        return []
-    return get_format(conv.tool_format).stop_strings(ToolRegistry.from_specs(list(conv.tools)))
 
 
 def _eos_ids(model) -> set[int]:

@@ -18,13 +18,14 @@
   For ``xml``/``text`` envs, tools are described in the system message as text.
 - Tokens: each request asks for log-probs (``logprobs: true``) and token ids (vLLM's
   ``return_token_ids: true``; the reply then carries ``prompt_token_ids`` at the top level and
-  ``token_ids`` in the choice). With both, ``prompt_ids``/``action_ids``/``logprobs`` are the
-  server's exact record and the trajectory is trainable; for vLLM the log-probs are the raw model
+  ``token_ids`` in the choice). With both, the prompt ids, ``action_ids`` and ``logprobs`` are the
+  server's exact record (added to the episode's ``TokenRecord``) and the trajectory is trainable; for vLLM the log-probs are the raw model
   ones by default (``--logprobs-mode``). A server that rejects the field is asked again without it;
   a server that returns no ids gets a one-time warning and the utterance is recorded as text only
   (no ids, no log-probs), so a ``Turn`` never holds log-probs without their tokens.
-  Over several turns, ``prompt_ids`` are what the server's chat template made of the history, which
-  can differ from the tokens sampled before (re-tokenization); ``vllm:`` keeps one token record.
+  Over several turns, the prompt ids are what the server's chat template made of the history, which
+  can differ from the tokens sampled before (re-tokenization: the record then starts a new segment);
+  ``vllm:`` keeps one incremental token record.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ import httpx
 
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.tools.base import ToolRegistry
-from turngym.tools.formats import get_format
-from turngym.types import Message, ToolCall, Utterance
+from turngym.tools.formats import format_stops, get_format
+from turngym.types import RECORD_KEY, Message, ToolCall, TokenRecord, Utterance
 
 # The retry rule. A request is sent again only when the server provably is not generating for it:
 # - the connection never opened (connect error or timeout, no pooled connection free in time), so
@@ -195,7 +196,7 @@ class OpenAIPolicy:
         }
         stops = list(sampling.stop)
         if conv.tools and not native:
-            stops += get_format(conv.tool_format).stop_strings(ToolRegistry.from_specs(list(conv.tools)))
+            stops += format_stops(conv.tool_format, conv.tools)
         if stops:
             body["stop"] = stops
         if sampling.seed is not None:
@@ -256,13 +257,14 @@ class OpenAIPolicy:
         if calls:
             text = _with_calls(text, calls, conv.tool_format)
         prompt, ids, lps = self._tokens(data, choice)
-        return Utterance(
-            text=text,
-            prompt_ids=prompt,
-            action_ids=ids,
-            logprobs=lps,
-            finish_reason=str(choice.get("finish_reason") or "stop"),
-        )
+        span = record = None
+        if ids:  # the server's exact tokens join the episode's record
+            record = conv.state.get(RECORD_KEY)
+            if not isinstance(record, TokenRecord):
+                record = conv.state[RECORD_KEY] = TokenRecord()
+            span = record.add_turn(prompt, ids, lps)
+        return Utterance(text=text, action_ids=ids, logprobs=lps,
+                         finish_reason=str(choice.get("finish_reason") or "stop"), span=span, record=record)
 
     def _tokens(self, data: dict[str, Any], choice: dict[str, Any]) -> tuple[list[int], list[int], list[float]]:
         """``(prompt_ids, action_ids, logprobs)`` from a reply: all consistent, or text only (all empty)."""

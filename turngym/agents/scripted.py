@@ -113,3 +113,30 @@ def sample_value(schema: dict[str, Any], rng: random.Random) -> Any:
 def _row_seed(seed: int, conv: Conversation) -> int:
     transcript = repr((seed, [(m.role, m.content) for m in conv.messages]))
     return int.from_bytes(hashlib.blake2b(transcript.encode(), digest_size=8).digest(), "little")
+
+
+class Demonstrator:
+    """A scripted agent whose replies are recorded as a policy's own tokens: demonstrations the
+    policy can imitate.
+
+    Each reply goes into the episode's ``TokenRecord`` through the policy's chat renderer, exactly as
+    if the policy had sampled it: the prompt grows as it would in RL (the same incremental layout),
+    and the reply is its text's tokens plus the template's end-of-turn token, with log-probs 0.
+
+    Args:
+        agent: The scripted agent that chooses the replies (e.g. ``OracleAgent``).
+        chat: The policy's ``ChatRenderer`` (``HFPolicy.chat``).
+    """
+
+    def __init__(self, agent: Any, chat: Any) -> None:
+        self.agent, self.chat = agent, chat
+        self.env_kwargs = dict(getattr(agent, "env_kwargs", {}))
+
+    def act(self, conversations: list[Conversation], sampling: SamplingParams | None = None) -> list[Utterance]:
+        out = []
+        for conv, utt in zip(conversations, self.agent.act(conversations, sampling)):
+            self.chat.prompt_ids(conv)
+            ids = self.chat.forced_ids(utt.text)
+            span = self.chat.record(conv, ids, [0.0] * len(ids))
+            out.append(Utterance(utt.text, ids, [0.0] * len(ids), utt.finish_reason, span, self.chat.state(conv).record))
+        return out

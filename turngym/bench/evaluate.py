@@ -8,11 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-
 from turngym.agents.base import Policy, SamplingParams
 from turngym.bench.metrics import summarize
-from turngym.rollout import EnvPools, episode_specs, make_env_factory, rollout
+from turngym.rollout import Collector, EnvTarget, episode_specs
 from turngym.types import Trajectory
 
 
@@ -56,7 +54,7 @@ def evaluate(
     max_turns: int | None = None,
     progress: bool = True,
     distinct: bool = False,
-    pools: EnvPools | None = None,
+    collector: Collector | None = None,
 ) -> EvalResult:
     """Play ``episodes`` episodes of ``env_id`` with ``policy``, cycling over the split's tasks.
 
@@ -66,7 +64,8 @@ def evaluate(
         max_turns: Override the env's registered turn limit.
         distinct: Refuse to cycle: a held-out claim counts games, and a deterministic game replayed
             under another reset seed is the same game again (its CI would shrink for nothing).
-        pools: Keep the envs open for the next evaluation (see ``turngym.rollout.EnvPools``).
+        collector: The run's ``Collector``: its envs stay open for the next evaluation (and its
+            training). Default: envs opened here and closed on return.
 
     Returns:
         An ``EvalResult`` with the summary (success and its 95% CI, per task type) and trajectories.
@@ -77,27 +76,21 @@ def evaluate(
     if hasattr(policy, "invalidate_caches"):  # e.g. a packed bf16 copy made before the last weight update
         policy.invalidate_caches()
     kwargs = {**(env_kwargs or {}), **getattr(policy, "env_kwargs", {})}
-    if max_turns is not None:
-        kwargs["max_turns"] = max_turns
-    probe = gym.make(env_id, **{k: v for k, v in kwargs.items() if k != "max_turns"})
-    task_ids = list(probe.unwrapped.task_ids)
-    probe.close()
+    limit = kwargs.pop("max_turns", None) if max_turns is None else max_turns
+    kwargs.pop("max_turns", None)
+    env = EnvTarget(env_id, kwargs, max_turns=limit)
+    task_ids = list(env.info.task_ids)
     if distinct and episodes > len(task_ids):
         raise ValueError(f"{env_id} {kwargs.get('split', '')!r} has {len(task_ids)} tasks, fewer than the {episodes} "
                          f"distinct held-out games asked for; generate more (e.g. env_kwargs num_games) or ask for fewer")
     specs = episode_specs(task_ids, episodes, seed=seed)
     t0 = time.perf_counter()
-    trajs = rollout(
-        policy,
-        make_env_factory(env_id, **kwargs),
-        specs,
-        sampling=sampling,
-        num_envs=num_envs,
-        workers=workers,
-        progress=progress,
-        metadata={"env_id": env_id, "agent": agent_name},
-        pools=pools,
-    )
+    play = dict(num_envs=num_envs, policy=policy, metadata={"env_id": env_id, "agent": agent_name}, progress=progress)
+    if collector is not None:
+        trajs = collector.play(env, specs, sampling, **play)
+    else:
+        with Collector(policy, workers=workers) as own:
+            trajs = own.play(env, specs, sampling, pooled=False, **play)
     summary = summarize(trajs)
     summary["wall_s"] = time.perf_counter() - t0
     config = {"episodes": episodes, "seed": seed, "env_kwargs": env_kwargs or {}, "max_turns": max_turns}

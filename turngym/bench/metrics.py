@@ -65,9 +65,9 @@ def _summary(trajs: Sequence[Trajectory]) -> dict:
     low, high = wilson_interval(wins, n)
     turns = [len(t.turns) for t in trajs]
     steps = sum(turns)
-    invalid = sum(1 for t in trajs for turn in t.turns if not turn.info.get("action_valid", False))
+    invalid = sum(1 for t in trajs for turn in t.turns if not turn.action_valid)
     tool_calls = sum(len(turn.tool_calls) for t in trajs for turn in t.turns)
-    tokens = sum(len(turn.action_ids) for t in trajs for turn in t.turns)
+    tokens = sum(turn.num_tokens for t in trajs for turn in t.turns)
     return {
         "episodes": n,
         "success": wins / n if n else 0.0,

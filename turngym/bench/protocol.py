@@ -1,5 +1,7 @@
-"""The learning protocol's library half: one held-out evaluation every arm shares, the arm-vs-arm
-statistics, the Markdown report and the learning-curve plot. ``scripts/protocol.py`` runs the arms.
+"""The learning protocol's statistics and evaluation: one held-out evaluation every arm shares, a
+run's stage-vs-SFT table (``held_out_table``, in every ``summary.json``), the arm-vs-arm statistics,
+the Markdown report and the learning-curve plot. ``turngym protocol`` (``turngym/protocol.py``)
+runs the arms.
 
 An evaluation plays a fixed list of held-out games, each once greedily and ``samples`` times at the
 training temperature with fixed sampling seeds. Every arm and every seed plays the same list in the
@@ -15,13 +17,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
-from turngym.bench.metrics import cluster_bootstrap_diff, paired_comparison, seed_t_interval, wilson_interval
-from turngym.rollout import EnvPools
+from turngym.bench.metrics import (bootstrap_diff, cluster_bootstrap_diff, paired_comparison, seed_t_interval,
+                                   wilson_interval)
+from turngym.rollout import Collector, envinfo
 
 BASELINES = ("sft", "sft_continued")
 
@@ -47,18 +49,26 @@ def release_memory() -> bool:
 def task_groups(env_id: str, env_kwargs: dict) -> dict[str, str]:
     """Report group of every task of a split: the env's ``task_group`` (e.g. TextWorld's level)
     when it has one, else its ``task_type``."""
-    probe = gym.make(env_id, **env_kwargs)
-    try:
-        env = probe.unwrapped
-        group = getattr(env, "task_group", env.task_type)
-        return {tid: str(group(tid)) for tid in env.task_ids}
-    finally:
-        probe.close()
+    return envinfo.task_groups(env_id, **env_kwargs)
+
+
+def held_out_table(stages: dict) -> dict:
+    """Each evaluated stage's held-out success with its 95% CI and n, and its paired difference from
+    the SFT stage (paired bootstrap over the same held-out episodes)."""
+    evals = {k.removeprefix("eval_"): v for k, v in stages.items() if k.startswith("eval_")}
+    table = {tag: {"success": v["success"], "ci95": v["success_ci95"], "n": v["episodes"]} for tag, v in evals.items()}
+    base = evals.get("sft", {}).get("per_episode_success")
+    for tag, v in evals.items():
+        other = v.get("per_episode_success")
+        if tag != "sft" and base and other and len(other) == len(base):
+            d = bootstrap_diff(base, other, paired=True)
+            table[tag]["vs_sft"] = {"diff": d["diff"], "ci95": d["ci"], "p": d["p"], "n": len(base)}
+    return table
 
 
 def held_out_eval(policy: Any, env_id: str, env_kwargs: dict, *, games: int, samples: int, temperature: float,
                   max_new_tokens: int, num_envs: int = 16, seed: int = 10_000,
-                  groups: dict[str, str] | None = None, pools: EnvPools | None = None) -> dict:
+                  groups: dict[str, str] | None = None, collector: Collector | None = None) -> dict:
     """Play the held-out list greedily and ``samples`` times at ``temperature``.
 
     Args:
@@ -72,7 +82,7 @@ def held_out_eval(policy: Any, env_id: str, env_kwargs: dict, *, games: int, sam
         num_envs: Episodes in flight.
         seed: Reset seed of the first game: the same for every arm and seed.
         groups: Task id -> report group (default: the trajectories' ``task_type``).
-        pools: Envs kept open across evaluations (see ``turngym.rollout.EnvPools``).
+        collector: The process's ``Collector``: envs kept open across evaluations.
 
     Returns:
         A record with ``evaluate_policy``'s keys (greedy ``success``, ``success_ci95``, ``episodes``,
@@ -84,7 +94,7 @@ def held_out_eval(policy: Any, env_id: str, env_kwargs: dict, *, games: int, sam
         policy.invalidate_caches()
         return evaluate(env_id, policy, episodes=games, seed=seed, env_kwargs=env_kwargs, num_envs=num_envs,
                         sampling=SamplingParams(temperature=temp, max_new_tokens=max_new_tokens, seed=sample_seed),
-                        progress=False, distinct=True, pools=pools)
+                        progress=False, distinct=True, collector=collector)
 
     greedy = play(0.0, 0)
     trajs = greedy.trajectories

@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 
 from turngym.agents.base import Policy, SamplingParams
 from turngym.bench.suites import SuiteEntry, get_suite
-from turngym.rollout import EpisodeSpec, episode_specs, make_env_factory, rollout
+from turngym.rollout import Collector, EnvTarget, EpisodeSpec, env_info, episode_specs
+from turngym.rollout.envinfo import check_reset
 from turngym.rollout.handles import exit_with_parent
 
 LOG_NAME, CONFIG_NAME = "episodes.jsonl", "config.json"
@@ -144,23 +145,15 @@ def plan_entry(entry: SuiteEntry, agent_env_kwargs: dict[str, Any], seed: int) -
     package (``ImportError``) skip the entry with the error's message; any other error is a bug
     and propagates.
     """
-    import turngym
-
     kwargs = {**entry.make_kwargs(), **agent_env_kwargs}
     missing = _missing_errors()
     try:
-        env = turngym.make(entry.env_id, **kwargs)
-    except missing as e:
-        return EntryPlan(entry, kwargs, skipped=_why(e))
-    try:
-        task_ids = list(env.unwrapped.task_ids)
+        task_ids = list(env_info(entry.env_id, **kwargs).task_ids)
         if not task_ids:
             return EntryPlan(entry, kwargs, skipped=f"split {entry.split!r} has no tasks")
-        env.reset(seed=seed, options={"task_id": task_ids[0]})
+        check_reset(entry.env_id, task_ids[0], seed, **kwargs)
     except missing as e:
         return EntryPlan(entry, kwargs, skipped=_why(e))
-    finally:
-        env.close()
     specs = episode_specs(spread(task_ids, entry.episodes), entry.episodes, seed=seed)
     return EntryPlan(entry, kwargs, specs=specs)
 
@@ -174,17 +167,10 @@ def _why(e: BaseException) -> str:
 def play_chunk(policy: Policy, plan: EntryPlan, items: list[tuple[int, EpisodeSpec]], cfg: BenchConfig) -> list[Record]:
     """Play the ``(index, spec)`` items of one entry; one record per item, in order."""
     t0 = time.perf_counter()
-    trajs = rollout(
-        policy,
-        make_env_factory(plan.entry.env_id, **plan.env_kwargs),
-        [s for _, s in items],
-        sampling=cfg.sampling(),
-        num_envs=cfg.workers,
-        workers=not cfg.in_process,
-        step_timeout_s=cfg.step_timeout_s,
-        progress=cfg.progress and cfg.jobs == 1,
-        metadata={"env_id": plan.entry.env_id, "agent": cfg.agent},
-    )
+    with Collector(policy, workers=not cfg.in_process, step_timeout_s=cfg.step_timeout_s) as collector:
+        trajs = collector.play(EnvTarget(plan.entry.env_id, plan.env_kwargs), [s for _, s in items], cfg.sampling(),
+                               num_envs=cfg.workers, policy=policy, progress=cfg.progress and cfg.jobs == 1,
+                               metadata={"env_id": plan.entry.env_id, "agent": cfg.agent}, pooled=False)
     share = (time.perf_counter() - t0) / len(items)
     return [
         {"env": plan.entry.key, "index": i, "task_id": s.task_id, "seed": s.seed, "wall_share_s": share,

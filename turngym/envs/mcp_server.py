@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from turngym.envs.registry import make
-from turngym.types import Message, ToolCall
+from turngym.types import Message, ToolCall, action_valid
 
 RESET = "reset"
 
@@ -99,7 +99,7 @@ class EnvSession:
         self.turn += 1
         self.episode_return += float(reward)
         self.done = bool(terminated or truncated)
-        return self._result(obs, float(reward), bool(terminated), bool(truncated), bool(info.get("action_valid", True)))
+        return self._result(obs, float(reward), bool(terminated), bool(truncated), action_valid(info))
 
     def _result(self, obs: list[Message], reward: float, terminated: bool, truncated: bool, valid: bool) -> dict[str, Any]:
         return {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from turngym.types import Message
+from turngym.types import Message, action_valid
 
 SHAPINGS = ("valid_call", "new_observation", "new_state")
 
@@ -43,7 +43,7 @@ class Shaper:
     def step(self, observation: Iterable[Message], info: dict) -> float:
         """The bonus of one step, given its observation and the env's info."""
         if self.shaping == "valid_call":
-            ok = bool(info.get("tool_calls")) and bool(info.get("action_valid", False))
+            ok = bool(info.get("tool_calls")) and action_valid(info)
             return self.bonus if ok else 0.0
         key = info.get("state_key") if self.shaping == "new_state" else observation_text(observation)
         if key is None or key in self._seen:

@@ -158,8 +158,8 @@ class LMEncoder:
 class PolicyEncoder:
     """``(T, 2H)`` features of a trajectory's turns: ``[h(s_t), h(s_t, a_t)]``, the final hidden
     states of a frozen causal LM at the turn's last prompt token and last action token, over the
-    token ids recorded at sampling time. A turn whose prompt does not extend the previous turn's
-    record (a re-rendered conversation) starts a new sequence.
+    token ids recorded at sampling time (the episode's ``TokenRecord``): one forward per segment of
+    the record, which holds every turn of that segment.
 
     Args:
         model: The frozen model (e.g. a trainer's reference copy of the SFT'd policy); ``None`` until
@@ -181,28 +181,22 @@ class PolicyEncoder:
         """Raises: RuntimeError: no model is bound; ValueError: a turn carries no token ids."""
         if self.model is None:
             raise RuntimeError("PolicyEncoder has no model: the trainer binds its reference (bind_policy)")
-        segments: list[list[int]] = []  # turn indices sharing one token sequence
+        rec = traj.record
+        segments: dict[int, list[int]] = {}  # the record's segments (one token sequence each): their turns
         for k, turn in enumerate(traj.turns):
-            if not turn.action_ids:
+            if rec is None or turn.num_tokens == 0:
                 raise ValueError("PolicyEncoder reads recorded token ids; this turn has none")
-            prev = traj.turns[k - 1] if k else None
-            extends = prev is not None and turn.prompt_ids[: len(prev.prompt_ids) + len(prev.action_ids)] == \
-                list(prev.prompt_ids) + list(prev.action_ids)
-            if extends:
-                segments[-1].append(k)
-            else:
-                segments.append([k])
+            segments.setdefault(rec.segment_start(turn.span[0]), []).append(k)
         base = getattr(self.model, "get_base_model", lambda: self.model)()
         backbone = base.base_model
         device = next(backbone.parameters()).device
         rows = []
-        for seg in segments:
-            last = traj.turns[seg[-1]]
-            ids = torch.tensor([list(last.prompt_ids) + list(last.action_ids)], device=device)
+        for start, seg in segments.items():
+            end = traj.turns[seg[-1]].span[1]
+            ids = torch.tensor([rec.ids[start:end]], device=device)
             h = backbone(input_ids=ids, use_cache=False).last_hidden_state[0].float().cpu()
             for k in seg:
-                t = traj.turns[k]
-                s_pos, a_pos = len(t.prompt_ids) - 1, len(t.prompt_ids) + len(t.action_ids) - 1
+                s_pos, a_pos = traj.turns[k].span[0] - start - 1, traj.turns[k].span[1] - start - 1
                 rows.append(torch.cat([h[s_pos], h[a_pos]]))
         return torch.stack(rows) if rows else torch.zeros(0, self.dim)
 

@@ -21,7 +21,7 @@ def action_status(turn: Turn) -> str:
     calls = turn.info.get("tool_calls", turn.tool_calls)
     if not calls:
         return "unparseable"
-    return "valid" if turn.info.get("action_valid", True) else "invalid"
+    return "valid" if turn.action_valid else "invalid"
 
 
 class FormatReward:

@@ -251,7 +251,7 @@ class ProgressReward:
         out, grounded, steps, contrib_sum, abs_err = [], 0, 0, 0.0, 0.0
         for f, traj in zip(feats, trajectories):
             c = self._contrib(f)
-            valid = [bool(t.info.get("action_valid", False)) for t in traj.turns]
+            valid = [t.action_valid for t in traj.turns]
             out.append(spa_step_rewards(c, valid, float(traj.outcome), self.cfg.alpha, self.cfg.bonus, self.cfg.exact_sum))
             grounded += sum(valid)
             steps += len(valid)

@@ -101,8 +101,8 @@ class _Engine:
         return bool(self._flight or self.ready)
 
     def start(self, slot: int, idx: int, spec: EpisodeSpec, version: int | None = None) -> None:
-        if spec.prefix or spec.free_turns:
-            raise ValueError("branches (EpisodeSpec.prefix / free_turns) are played by the sync rollout only")
+        if spec.prefix_len or spec.free_turns:
+            raise ValueError("branches (EpisodeSpec.parent / free_turns) are played by the sync rollout only")
         self._dispatch(slot, _InFlight(idx, spec, version, t0=time.perf_counter()), "reset", reset_kwargs(spec))
 
     def wake(self) -> None:

@@ -107,15 +107,12 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
     for _ in range(depth):
         at = [(spec, traj, j, node) for spec, traj, after, node in level if traj.task_id not in solved
               for j in branch_points(traj, points, after, by)]
-        alts = policy.alternatives([t.turns[j].prompt_ids for _, t, j, _ in at],
-                                   [t.turns[j].action_ids for _, t, j, _ in at], width, stops, max_new_tokens) if at else []
+        alts = policy.alternatives([t.prompt_ids(j) for _, t, j, _ in at],
+                                   [t.action_ids(j) for _, t, j, _ in at], width, stops, max_new_tokens) if at else []
         specs, turns = [], []
         for (spec, traj, j, node), replies in zip(at, alts):
-            for alt in replies:
-                forced = dataclasses.replace(traj.turns[j], action_text=alt.text, action_ids=alt.action_ids,
-                                             action_logprobs=alt.logprobs, observation=[], reward=0.0,
-                                             info={"branch": True})
-                specs.append(EpisodeSpec(spec.task_id, spec.seed, greedy=True, prefix=(*traj.turns[:j], forced)))
+            for alt in replies:  # the branch shares traj's record up to turn j, then plays alt there
+                specs.append(EpisodeSpec(spec.task_id, spec.seed, greedy=True, parent=traj, replay_turns=j, reply=alt))
                 turns.append((j, node))
         if not specs:
             break

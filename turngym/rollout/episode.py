@@ -16,7 +16,7 @@ from typing import Any
 
 from turngym.agents.base import Conversation, Policy, SamplingParams
 from turngym.rollout.handles import EnvCrashed, EnvHandle, handle_kind, make_handle
-from turngym.types import Message, ToolCall, Trajectory, Turn, Utterance
+from turngym.types import RECORD_KEY, Message, TokenRecord, ToolCall, Trajectory, Turn, Utterance
 
 
 @dataclass(frozen=True)
@@ -26,27 +26,37 @@ class EpisodeSpec:
     ``greedy`` plays it at temperature 0 whatever the rollout's sampling (a group's greedy anchor,
     see ``OnlineConfig.greedy_in_group``); the trajectory's metadata records it.
 
-    A branch of an earlier episode (same task and seed) replays that episode's first turns,
-    ``prefix``, exactly as they were recorded (text and token ids), then lets the policy play;
-    ``free_turns`` > 0 stops it after that many policy turns (truncated). The sync rollout plays
-    branches; the env must reset deterministically (the contract), and a replay that sees a
-    different observation than the recording ends the episode with ``metadata["error"]``.
+    A branch of an earlier episode, ``parent`` (same task and seed), replays the parent's first
+    ``replay_turns`` turns exactly as they were recorded (text and token ids, read from its
+    ``TokenRecord``), then plays ``reply`` (an alternative reply for the next turn) if one is given,
+    then lets the policy play; ``free_turns`` > 0 stops it after that many policy turns (truncated).
+    The branch's record shares the parent's prefix. The sync rollout plays branches; the env must
+    reset deterministically (the contract), and a replay that sees a different observation than the
+    recording ends the episode with ``metadata["error"]``.
     """
 
     task_id: str | None
     seed: int
     greedy: bool = False
-    prefix: tuple[Turn, ...] = field(default=(), compare=False)
+    parent: Trajectory | None = field(default=None, compare=False)
+    replay_turns: int = 0
+    reply: Utterance | None = field(default=None, compare=False)
     free_turns: int = 0
+
+    @property
+    def prefix_len(self) -> int:
+        """How many turns are replayed before the policy plays (the parent's, then ``reply``)."""
+        return self.replay_turns + (self.reply is not None)
 
 
 class ReplayDiverged(RuntimeError):
     """A branch's replayed prefix met a different conversation than the one recorded."""
 
 
-def replay_utterance(policy: Policy, conv: Conversation, turn: Turn) -> Utterance:
-    """The recorded ``turn`` as ``conv``'s next utterance: the policy's token record grows by the
-    recorded ids, as if it had sampled them again (nothing is re-tokenized).
+def replay_utterance(policy: Policy, conv: Conversation, spec: EpisodeSpec, k: int) -> Utterance:
+    """Turn ``k`` of a branch's prefix as ``conv``'s next utterance: the parent's recorded turn (or,
+    at ``spec.replay_turns``, the branch's own ``reply``). The conversation's record grows by the
+    recorded ids, as if the policy had sampled them again (nothing is re-tokenized).
 
     Raises:
         ValueError: the policy keeps no token record (scripted and HTTP agents cannot replay).
@@ -55,16 +65,22 @@ def replay_utterance(policy: Policy, conv: Conversation, turn: Turn) -> Utteranc
     chat = getattr(policy, "chat", None)
     if chat is None or not hasattr(chat, "record"):
         raise ValueError(f"{type(policy).__name__} keeps no token record; branches need an HF or vLLM policy")
+    parent = spec.parent
     prompt = chat.prompt_ids(conv)
-    if turn.prompt_ids and prompt != list(turn.prompt_ids):
+    want = parent.prompt_ids(k) if parent is not None and k < len(parent.turns) else []
+    if want and prompt != want:
         raise ReplayDiverged("the replayed prefix reached a different prompt than the recorded episode")
-    chat.record(conv, turn.action_ids, turn.action_logprobs)
-    return Utterance(turn.action_text, prompt, list(turn.action_ids), list(turn.action_logprobs))
+    if k < spec.replay_turns:
+        text, ids, lps = parent.turns[k].action_text, parent.action_ids(k), parent.action_logprobs(k)
+    else:
+        text, ids, lps = spec.reply.text, list(spec.reply.action_ids), list(spec.reply.logprobs)
+    span = chat.record(conv, ids, lps)
+    return Utterance(text, ids, lps, span=span, record=chat.state(conv).record)
 
 
 def branch_of(traj: Trajectory, spec: EpisodeSpec, turns: int, **kw: Any) -> EpisodeSpec:
     """A spec that replays the first ``turns`` turns of ``traj`` (played from ``spec``), then plays on."""
-    return EpisodeSpec(spec.task_id, spec.seed, prefix=tuple(traj.turns[:turns]), **kw)
+    return EpisodeSpec(spec.task_id, spec.seed, parent=traj, replay_turns=turns, **kw)
 
 
 def make_env_factory(env_id: str, **kwargs: Any) -> functools.partial:
@@ -138,8 +154,8 @@ def reset_kwargs(spec: EpisodeSpec) -> dict[str, Any]:
 def begin_episode(spec: EpisodeSpec, result, env_desc: dict, metadata: dict | None, t0: float) -> Live:
     """An episode from its reset's result ``(obs, info)``; truncated if the reset crashed."""
     meta = {"seed": spec.seed, **({"greedy": True} if spec.greedy else {}), **(metadata or {})}
-    if spec.prefix:
-        meta["branch_at"] = len(spec.prefix)  # the turns before it replay an earlier episode
+    if spec.prefix_len:
+        meta["branch_at"] = spec.prefix_len  # the turns before it replay an earlier episode
     if isinstance(result, EnvCrashed):
         traj = Trajectory(str(spec.task_id), truncated=True, metadata={**meta, "error": str(result)})
         return Live(spec, Conversation([]), traj, t0)
@@ -152,13 +168,9 @@ def begin_episode(spec: EpisodeSpec, result, env_desc: dict, metadata: dict | No
 
 
 def make_turn(utt) -> Turn:
-    """A turn holding the policy's utterance (the env's answer is added by ``apply_step``)."""
-    return Turn(
-        action_text=utt.text,
-        prompt_ids=list(utt.prompt_ids),
-        action_ids=list(utt.action_ids),
-        action_logprobs=list(utt.logprobs),
-    )
+    """A turn holding the policy's utterance and its span in the episode's record (the env's answer
+    is added by ``apply_step``)."""
+    return Turn(action_text=utt.text, span=getattr(utt, "span", None))
 
 
 def apply_step(ep: Live, utt, turn: Turn, result) -> bool:
@@ -192,20 +204,20 @@ def apply_step(ep: Live, utt, turn: Turn, result) -> bool:
 def branch_over(ep: Live) -> bool:
     """After a step: whether a branch ends here. A replay that reached a different env state than
     its recording ends with ``metadata["error"]``; a branch whose new reply (a recorded turn marked
-    ``info["branch"]``) the env refused or that changed nothing ends truncated (it would only
-    replay its root); so does one whose ``free_turns`` are played."""
-    k, prefix = len(ep.traj.turns), ep.spec.prefix
-    if 0 < k <= len(prefix):
-        want = prefix[k - 1].info.get("state_key")
+    ``reply``) the env refused or that changed nothing ends truncated (it would only replay its root);
+    so does one whose ``free_turns`` are played."""
+    k, spec = len(ep.traj.turns), ep.spec
+    if 0 < k <= spec.replay_turns:
+        want = spec.parent.turns[k - 1].info.get("state_key")
         if want is not None and ep.traj.turns[-1].info.get("state_key") != want:
             ep.traj.truncated = True
             ep.traj.metadata["error"] = "the replayed prefix reached a different env state than the recording"
             return True
-        if prefix[k - 1].info.get("branch") and not moved(ep.traj, k - 1):
-            ep.traj.truncated = True
-            ep.traj.metadata["stopped"] = "branch_no_op"
-            return True
-    if ep.spec.free_turns and k - len(prefix) >= ep.spec.free_turns:
+    if spec.reply is not None and k == spec.replay_turns + 1 and not moved(ep.traj, k - 1):
+        ep.traj.truncated = True
+        ep.traj.metadata["stopped"] = "branch_no_op"
+        return True
+    if spec.free_turns and k - spec.prefix_len >= spec.free_turns:
         ep.traj.truncated = True
         ep.traj.metadata["stopped"] = "free_turns"
         return True
@@ -215,14 +227,18 @@ def branch_over(ep: Live) -> bool:
 def moved(traj: Trajectory, j: int) -> bool:
     """Whether turn ``j`` was accepted and changed the env state (``True`` without state keys)."""
     turn = traj.turns[j]
-    if not turn.info.get("action_valid", True):
+    if not turn.action_valid:
         return False
     before = traj.metadata.get("initial_state_key") if j == 0 else traj.turns[j - 1].info.get("state_key")
     return before is None or turn.info.get("state_key") != before
 
 
 def end_episode(ep: Live) -> Trajectory:
+    """The finished trajectory, holding the episode's token record (when the policy keeps one)."""
     ep.traj.metadata["wall_s"] = time.perf_counter() - ep.t0
+    record = ep.conv.state.get(RECORD_KEY)
+    if isinstance(record, TokenRecord):
+        ep.traj.record = record
     return ep.traj
 
 

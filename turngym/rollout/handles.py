@@ -63,16 +63,6 @@ def describe_env(env: gym.Env) -> dict[str, Any]:
     }
 
 
-def tool_stops(desc: dict[str, Any]) -> list[str]:
-    """The stop strings of an env's tool format (``describe_env``'s output), as a policy samples with."""
-    from turngym.tools.base import ToolRegistry
-    from turngym.tools.formats import get_format
-
-    if not desc["tools"]:
-        return []
-    return list(get_format(desc["tool_format"]).stop_strings(ToolRegistry.from_specs(list(desc["tools"]))))
-
-
 _KINDS: dict[str, Callable[[EnvFactory, float | None], "EnvHandle"]] = {}
 
 

@@ -98,9 +98,9 @@ def _sync_loop(policy, handles, specs, sampling, progress, metadata) -> list[Tra
         diverged = []
         for i, s in enumerate(slots):  # branches replay their recorded prefix first
             ep = live[s][1]
-            if len(ep.traj.turns) < len(ep.spec.prefix):
+            if len(ep.traj.turns) < ep.spec.prefix_len:
                 try:
-                    utts[i] = replay_utterance(policy, ep.conv, ep.spec.prefix[len(ep.traj.turns)])
+                    utts[i] = replay_utterance(policy, ep.conv, ep.spec, len(ep.traj.turns))
                 except ReplayDiverged as e:
                     ep.traj.truncated, ep.traj.metadata["error"] = True, str(e)
                     diverged.append(i)

@@ -345,6 +345,14 @@ def get_format(name: str) -> ToolFormat:
         raise ValueError(f"unknown tool format {name!r}; choose from {sorted(FORMATS)}") from None
 
 
+def format_stops(tool_format: str, tools: list[ToolSpec]) -> list[str]:
+    """The stop strings a policy samples with for an env with these tools in this format (none
+    without tools): the one definition every backend and the rollout use."""
+    if not tools:
+        return []
+    return list(get_format(tool_format).stop_strings(ToolRegistry.from_specs(list(tools))))
+
+
 def register_format(fmt: ToolFormat) -> None:
     """Add a format (e.g. a model family's own call syntax) under ``fmt.name``."""
     FORMATS[fmt.name] = fmt

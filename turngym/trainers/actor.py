@@ -1,9 +1,10 @@
-"""The token-level actor: which parameters train, the frozen reference, and the clipped policy-gradient step.
+"""The token-level actor: which parameters train, the frozen reference, and the policy-gradient step.
 
 ArCHer and the critic-free family differ only in how they turn rewards into per-utterance
-advantages (their own files); both end an iteration with ``actor_update``: PPO's clipped surrogate
-on the log-probs recorded at sampling time, with the utterance's advantage on each of its tokens,
-plus KL and entropy guards, over minibatches of whole episodes.
+advantages (their own files); both end an iteration with ``actor_update``: their loss (``LOSSES``:
+PPO's clipped surrogate on the log-probs recorded at sampling time, or ``-A log pi`` for cloning),
+with the utterance's advantage on each of its tokens, plus KL and entropy guards, over minibatches
+of whole episodes. SFT and branch BC fit likelihoods instead (``likelihood.py``).
 """
 
 from __future__ import annotations
@@ -132,23 +133,28 @@ def actor_update(
     cfg: Any,
     gen: torch.Generator,
     ctx: DistContext | None = None,
+    *,
+    loss: str = "ppo",
 ) -> dict[str, float]:
-    """Token-level policy gradient: clipped surrogate with the given per-token advantages, plus
-    the KL and entropy guards, over minibatches of sequences.
+    """Token-level policy gradient: the given loss with per-token advantages, plus the KL and
+    entropy guards, over minibatches of sequences.
 
     Args:
         token_adv: ``(M,)`` advantage of each scored token (its utterance's, or token-level).
         ref_logprobs: ``(M,)`` reference log-probs (needed when ``kl_coef > 0``).
         ctx: Data-parallel context: gradients are averaged over ranks before clipping. Every rank
             must hold the same number of sequences (``DistContext.shard`` gives equal shares).
+        loss: ``ppo`` | ``nll`` (``LOSSES``).
 
     Returns:
         Mean metrics over the minibatch steps.
     """
     model.train()
     ctx = ctx or DistContext()
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {loss!r}")
     # the NLL loss uses no ratio, so no old log-probs either
-    if loss_kind(cfg) == "ppo" and rescore_old_logprobs(cfg.old_logprobs, model, cfg.autocast,
+    if loss == "ppo" and rescore_old_logprobs(cfg.old_logprobs, model, cfg.autocast,
                                                        getattr(cfg, "rollout_engine", "hf")):
         batch.old_logprobs = rescored_logprobs(model, batch, cfg)
     B = batch.input_ids.shape[0]
@@ -170,10 +176,10 @@ def actor_update(
             weights = Fn.token_share([int(batch.score_mask[c].sum()) for c in chunks])
             stats: dict[str, float] | None = None
             for chunk, w in zip(chunks, weights):
-                part = _minibatch_backward(model, batch, chunk, token_adv, ref_logprobs, cfg, w)
+                part = _minibatch_backward(model, batch, chunk, token_adv, ref_logprobs, cfg, loss, w)
                 stats = {k: (stats or {}).get(k, 0.0) + w * v for k, v in part.items()}
             if not rows and sharded:  # FSDP's gathers and reduce-scatters need every rank's forward and backward
-                _minibatch_backward(model, batch, [0], token_adv, ref_logprobs, cfg, weight=0.0)
+                _minibatch_backward(model, batch, [0], token_adv, ref_logprobs, cfg, loss, weight=0.0)
             ctx.all_reduce_grads(params)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)  # DTensors: the global norm
             lr = Fn.warmup_lr(cfg.actor_lr, _optimizer_steps(optimizer, params), cfg.actor_warmup_steps)
@@ -226,20 +232,32 @@ def _optimizer_steps(optimizer: torch.optim.Optimizer, params: list) -> int:
     return int(step)
 
 
+def ppo_loss(logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, cfg: Any) -> tuple[torch.Tensor, float]:
+    """PPO's clipped surrogate on the log-probs recorded at sampling time (``Fn.clipped_pg_loss``)."""
+    loss, clip_frac = Fn.clipped_pg_loss(logprobs, old, adv, torch.ones_like(adv), cfg.clip_coef)
+    return loss, float(clip_frac)
+
+
+def nll_loss(logprobs: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, cfg: Any) -> tuple[torch.Tensor, float]:
+    """``-mean(A log pi)``: cloning the tokens with ``A > 0`` (``Fn.weighted_nll_loss``); no ratio, no clip."""
+    return Fn.weighted_nll_loss(logprobs, adv, torch.ones_like(adv)), 0.0
+
+
+# the policy-gradient losses by name: an algorithm names its own (``pg.Estimator.loss``)
+LOSSES = {"ppo": ppo_loss, "nll": nll_loss}
+
+
 def _minibatch_backward(model: torch.nn.Module, batch: PackedBatch, rows: list[int], token_adv: torch.Tensor,
-                        ref_logprobs: torch.Tensor | None, cfg: Any, weight: float = 1.0) -> dict[str, float]:
-    """Loss of one micro-batch of sequences: clipped surrogate + KL guard - entropy bonus; runs
-    ``backward`` on ``weight`` times it and returns the micro-batch's metrics."""
+                        ref_logprobs: torch.Tensor | None, cfg: Any, loss_name: str, weight: float = 1.0) -> dict[str, float]:
+    """Loss of one micro-batch of sequences: the policy-gradient loss + KL guard - entropy bonus;
+    runs ``backward`` on ``weight`` times it and returns the micro-batch's metrics."""
     sub, keep = batch.select_rows(rows)
     with autocast(model, cfg.autocast):
         out = score(model, sub, entropy=True)  # entropy is always logged
     adv = token_adv[keep].to(out.logprobs.device)
     old = sub.old_logprobs.to(adv.device)
     ones = torch.ones_like(adv)
-    if loss_kind(cfg) == "nll":
-        pg_loss, clip_frac = Fn.weighted_nll_loss(out.logprobs, adv, ones), 0.0
-    else:
-        pg_loss, clip_frac = Fn.clipped_pg_loss(out.logprobs, old, adv, ones, cfg.clip_coef)
+    pg_loss, clip_frac = LOSSES[loss_name](out.logprobs, old, adv, cfg)
     loss = pg_loss
     kl = torch.zeros(())
     if ref_logprobs is not None:
@@ -252,14 +270,6 @@ def _minibatch_backward(model: torch.nn.Module, batch: PackedBatch, rows: list[i
     (weight * loss).backward()
     return {"actor/pg_loss": pg_loss.item(), "actor/kl": kl.item(), "actor/entropy": entropy.item(),
             "actor/clip_frac": float(clip_frac), "actor/logprob_drift": (out.logprobs.detach() - old).abs().mean().item()}
-
-
-def loss_kind(cfg: Any) -> str:
-    """``cfg.pg_loss`` with ``auto`` decided: nll for filtered BC (it clones), ppo otherwise."""
-    kind = getattr(cfg, "pg_loss", "ppo")
-    if kind == "auto":
-        return "nll" if getattr(cfg, "algo", "") == "filtered_bc" else "ppo"
-    return kind
 
 
 def advantage_stats(adv: torch.Tensor, prefix: str = "adv") -> dict[str, float]:

@@ -67,28 +67,29 @@ advantages, AWR weights, sibling AUC, transitions and windows in ``functional``,
 
 from __future__ import annotations
 
-import random
+import dataclasses
+import hashlib
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 
 from turngym.config import knob
 from turngym.rewards import reward_stats
-from turngym.rollout import EpisodeSpec
-from turngym.rollout.branching import BRANCH_BY, Tree, tree_rollout
-from turngym.rollout.handles import describe_env, tool_stops
+from turngym.rollout import EpisodeSpec, env_info
+from turngym.rollout.branching import BRANCH_BY, Tree
+from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.archer_critic import ReplayBuffer, UtteranceCritic, ValueHead, make_target, soft_update  # noqa: F401
 from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window
 from turngym.trainers.distributed import DistContext
-from turngym.trainers.sequences import PackedBatch, pack_batch
-from turngym.trainers.sft import expert_data
-from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, env_factory, screen_order
+from turngym.trainers.registry import Algorithm, register_algorithm
+from turngym.trainers.sequences import PackedBatch, pack_batch, pack_records
+from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
 from turngym.types import Trajectory, Turn
 
 
@@ -269,12 +270,12 @@ class ArcherTrainer(OnlineTrainer):
 
     def __init__(self, policy: Any, env_id: str, cfg: ArcherConfig | None = None, *,
                  env_kwargs: dict | None = None, out_dir: str | Path = "runs/archer", ctx: DistContext | None = None,
-                 rollouts: Any = None, pools: Any = None) -> None:
+                 collector: Any = None) -> None:
         cfg = cfg or ArcherConfig()
         if cfg.expert_labels:  # the env marks steps that match its oracle (critic/auc_expert)
             env_kwargs = {"expert_labels": True, **(env_kwargs or {})}
         super().__init__(policy, env_id, cfg, env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx,
-                         rollouts=rollouts, pools=pools)
+                         collector=collector)
         if cfg.collect == "tree" and self.ctx.enabled:
             raise ValueError("collect=tree runs in one process, not under torchrun")
         self.critic_steps = 0
@@ -310,17 +311,12 @@ class ArcherTrainer(OnlineTrainer):
         self.baseline_opt = torch.optim.AdamW(self.baseline.parameters(), lr=cfg.critic_lr) if self.baseline else None
         self.buffer = ReplayBuffer(cfg.buffer_capacity, feat, seed=cfg.seed + self.ctx.rank,
                                    v_action=cfg.v_target != "buffer_action")
-        probe = gym.make(self.env_id, **self.env_kwargs)  # the tool format's stop strings, as in collection
-        self._stops = tool_stops(describe_env(probe))
-        probe.close()
+        self._stops = list(env_info(self.env_id, **self.env_kwargs).stop_strings)  # as in collection
         if cfg.v_target == "fresh_action" and not hasattr(self.policy, "generate"):
             raise ValueError("v_target=fresh_action samples a' from token ids: it needs an HFPolicy")
-        order = list(self.task_ids)
-        random.Random(cfg.seed).shuffle(order)
-        self.heldout_tasks = set(order[: round(cfg.critic_holdout * len(order))])
+        self.heldout_tasks = heldout_tasks(self.task_ids, cfg.critic_holdout, cfg.seed)
         if cfg.expert_replay:
-            self.experts = expert_data(self.policy, self.env_id, cfg.expert_replay, self.env_kwargs, cfg.seed,
-                                       cfg.demo_seed)
+            self.experts = self.collector.demonstrations(self.env, cfg.expert_replay, cfg.seed, cfg.demo_seed)
 
     # ----- the loop -------------------------------------------------------------------------
     def step(self) -> dict[str, float]:
@@ -367,7 +363,7 @@ class ArcherTrainer(OnlineTrainer):
             if active:
                 with self.weights_lock():
                     metrics.update(actor_update(self.model, self.actor_opt, enc.batch, token_adv, enc.ref_logprobs,
-                                                cfg, self.gen, self.ctx))
+                                                cfg, self.gen, self.ctx, loss=_loss(cfg)))
         metrics["actor/active"] = float(active)
         return self.finish_step(metrics)
 
@@ -376,17 +372,16 @@ class ArcherTrainer(OnlineTrainer):
         """Screen ``episodes_per_iter`` training tasks greedily (unsolved and least recently
         screened first), then search from the failed ones."""
         cfg = self.cfg
-        solved = {t for t, ok in self.greedy_outcomes.items() if ok}
+        solved = {t for t, ok in self.tasks.greedy_outcomes.items() if ok}
         tasks = screen_order(self.task_ids, solved, self.screened, cfg.seed, self.iteration, cfg.episodes_per_iter)
-        specs = [EpisodeSpec(t, cfg.seed * 1_000_003 + self.task_ids.index(t), greedy=True) for t in tasks]
+        specs = [EpisodeSpec(t, run_seed(cfg.seed, self.task_ids.index(t)), greedy=True) for t in tasks]
         roots, metrics = self.collect(specs)
         self.screened.update({t: self.iteration for t in tasks})
-        self.greedy_outcomes.update({r.task_id: bool(r.success) for r in roots})
+        self.tasks.record_screen(roots)
         t0 = time.perf_counter()
-        tree = tree_rollout(self.policy, env_factory(self.env_id, self.env_kwargs, cfg), specs, roots=roots,
-                            stops=self._stops, points=cfg.branch_points, width=cfg.branch_width,
-                            depth=cfg.branch_depth, max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs,
-                            workers=cfg.env_workers, pools=self.pools, by=cfg.branch_by)
+        tree = self.collector.tree_rollout(self.env, specs, roots=roots, points=cfg.branch_points,
+                                           width=cfg.branch_width, depth=cfg.branch_depth,
+                                           max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, by=cfg.branch_by)
         branches = tree.episodes[len(roots):]
         failed = {r.task_id for r in roots if not r.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(branches)),
@@ -413,8 +408,8 @@ class ArcherTrainer(OnlineTrainer):
             ref_logprobs, hidden = reference_pass(self.ref, batch, self._hidden, cfg.autocast, self._hidden_layer)
             s, sa = self._features(batch, hidden, trajs)
             return Encoded(list(batch.turn_refs), s, sa, batch, ref_logprobs, hidden)
-        order = sorted(range(len(trajs)), key=lambda i: sum(len(t.action_ids) for t in trajs[i].turns)
-                       + len(trajs[i].turns[-1].prompt_ids if trajs[i].turns else []))
+        order = sorted(range(len(trajs)), key=lambda i: sum(t.num_tokens for t in trajs[i].turns)
+                       + len(trajs[i].prompt_ids(len(trajs[i].turns) - 1) if trajs[i].turns else []))
         parts: dict[tuple[int, int], tuple] = {}
         for c in range(0, len(order), cfg.num_envs):
             idx = order[c : c + cfg.num_envs]
@@ -518,10 +513,10 @@ class ArcherTrainer(OnlineTrainer):
         """Keep every sibling group (one state, several actions) for the actor, oldest out first."""
         for g in siblings:
             index = torch.tensor(g, dtype=torch.long)
-            turns = [trajs[enc.refs[i][0]].turns[enc.refs[i][1]] for i in g]
+            turns = [_alone(trajs[enc.refs[i][0]], enc.refs[i][1]) for i in g]  # each a record of its own
             self.memory.append({"task": trajs[enc.refs[g[0]][0]].task_id, "turns": turns,
                                 "s": _select(enc.s, index), "sa": _select(enc.sa, index), "value": values[index],
-                                "logp": torch.tensor([float(sum(t.action_logprobs)) for t in turns])})
+                                "logp": torch.tensor([float(sum(t.action_logprobs(0))) for t in turns])})
         del self.memory[: max(0, len(self.memory) - self.cfg.actor_memory)]
 
     def _awr_update(self) -> dict[str, float]:
@@ -550,7 +545,7 @@ class ArcherTrainer(OnlineTrainer):
         pick = torch.randperm(len(useful), generator=self.gen)[: cfg.actor_groups].tolist()
         rows = [r for i in sorted(useful[j] for j in pick) for r in groups[i] if float(w[r]) > 1e-3]
         turns = [t for e in self.memory for t in e["turns"]]
-        data = [Trajectory(self.memory[0]["task"], turns=[turns[r]]) for r in rows] + self.experts
+        data = [turns[r] for r in rows] + self.experts
         weight = [float(w[r]) for r in rows] + [1.0] * sum(len(t.turns) for t in self.experts)
         out = {"actor/states": float(len(pick)), "actor/memory": float(len(self.memory)),
                "actor/informative_states": float(len(useful)), "actor/target_shift": sum(shift) / len(shift)}
@@ -559,7 +554,8 @@ class ArcherTrainer(OnlineTrainer):
         batch = pack_batch(data, self.policy.pad_id)
         token_w = Fn.broadcast_to_tokens(torch.tensor(weight), batch.token_turn)
         ref_logprobs = reference_pass(self.ref, batch, False, cfg.autocast)[0] if cfg.kl_coef > 0 else None
-        out.update(actor_update(self.model, self.actor_opt, batch, token_w, ref_logprobs, cfg, self.gen, self.ctx))
+        out.update(actor_update(self.model, self.actor_opt, batch, token_w, ref_logprobs, cfg, self.gen, self.ctx,
+                                loss=_loss(cfg)))
         out.update(advantage_stats(adv))
         return out
 
@@ -584,7 +580,7 @@ class ArcherTrainer(OnlineTrainer):
         """``(N, H)`` phi(s, a') (or its window) of one fresh action a' ~ pi(s) per flat turn, sampled from
         the turn's recorded prompt ids and encoded like the recorded actions (V's target in ``td_loss``)."""
         cfg = self.cfg
-        prompts = [trajs[ti].turns[k].prompt_ids for ti, k in refs]
+        prompts = [trajs[ti].prompt_ids(k) for ti, k in refs]
         sampling = cfg.sampling(self.iteration)
         sampling.seed = self.ctx.rank_seed(sampling.seed) + 0x5EED  # not the collection's own samples
         gens = []
@@ -594,11 +590,11 @@ class ArcherTrainer(OnlineTrainer):
                 gens += self.policy.generate(chunk, sampling, [self._stops] * len(chunk), None,
                                              [k for _, k in refs[i : i + cfg.num_envs]])[0]
         dec = self.policy.tokenizer.decode
-        turns = [Turn(dec(g.action_ids, skip_special_tokens=True), prompt_ids=list(p),
-                      action_ids=list(g.action_ids) or [self.policy.pad_id]) for p, g in zip(prompts, gens)]
-        if self._hidden:  # one sequence per state: its prompt, then a'
-            fbatch = pack_batch([Trajectory(trajs[ti].task_id, turns=[t]) for (ti, _), t in zip(refs, turns)],
-                                self.policy.pad_id)
+        turns = [Turn(dec(g.action_ids, skip_special_tokens=True)) for g in gens]
+        if self._hidden:  # one sequence per state: a branch of the record, its prompt then a'
+            branches = [trajs[ti].record.branch(trajs[ti].turns[k].span[0], list(g.action_ids) or [self.policy.pad_id])
+                        for (ti, k), g in zip(refs, gens)]
+            fbatch = pack_records([(rec, [(0, span)]) for rec, span in branches], self.policy.pad_id)
             return self._features(fbatch, reference_pass(self.ref, fbatch, True, cfg.autocast, self._hidden_layer)[1], [])[1]
         fresh = [Trajectory(trajs[ti].task_id, turns=[*trajs[ti].turns[:k], t], initial_observation=trajs[ti].initial_observation)
                  for (ti, k), t in zip(refs, turns)]
@@ -653,7 +649,7 @@ class ArcherTrainer(OnlineTrainer):
         self.critic_steps = st["critic_steps"]
         self.screened = dict(st.get("screened", {}))
         self.heldout = dict(st.get("heldout", {}))
-        self.memory = [{**e, "turns": [Turn.from_dict(t) for t in e["turns"]]} for e in st.get("memory", [])]
+        self.memory = [{**e, "turns": [Trajectory.from_dict(t) for t in e["turns"]]} for e in st.get("memory", [])]
 
 
 def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s: torch.Tensor | Window):
@@ -663,6 +659,14 @@ def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s
         return Fn.turn_transitions(turn_refs, rewards, s)
     r, done, next_states = Fn.turn_transitions(turn_refs, rewards, s[0])
     return r, done, (next_states, Fn.turn_transitions(turn_refs, rewards, s[1])[2])
+
+
+def heldout_tasks(task_ids: list[str], share: float, seed: int) -> set[str]:
+    """The tasks whose turns the critic never trains on: each task is in with probability ``share``,
+    decided by a hash of (seed, task). Independent of every schedule's RNG (a shuffle seeded like
+    the greedy screen's would hold out exactly the tasks screened first)."""
+    cut = int(share * 2**32)
+    return {t for t in task_ids if int(hashlib.sha256(f"{seed}:{t}".encode()).hexdigest()[:8], 16) < cut}
 
 
 def _row(x: torch.Tensor | Window, i: int):
@@ -694,6 +698,23 @@ def _returns_after(refs: list[tuple[int, int]], rewards: list[list[float]]) -> t
 
 def _check_tokens(trajs: list[Trajectory]) -> None:
     for t in trajs:
-        for turn in t.turns:
-            if turn.action_ids and len(turn.action_logprobs) != len(turn.action_ids):
+        for k in range(len(t.turns)):
+            if any(math.isnan(x) for x in t.action_logprobs(k)):
                 raise ValueError("a turn has action ids but no recorded log-probs; train with a policy that records them")
+
+
+def _alone(traj: Trajectory, k: int) -> Trajectory:
+    """Turn ``k`` of ``traj`` as a one-turn episode: a record that shares ``traj``'s prefix up to the
+    turn's prompt, then holds its action (what the actor's memory keeps of a sibling)."""
+    turn = traj.turns[k]
+    rec, span = traj.record.branch(turn.span[0], traj.action_ids(k), traj.action_logprobs(k))
+    return Trajectory(traj.task_id, turns=[dataclasses.replace(turn, span=span)], record=rec)
+
+
+def _loss(cfg: ArcherConfig) -> str:
+    """The actor step's loss: ``pg_loss`` (awr sets nll: a weighted likelihood), PPO's surrogate by default."""
+    return "ppo" if cfg.pg_loss == "auto" else cfg.pg_loss
+
+
+register_algorithm(Algorithm("archer", section="archer", config=ArcherConfig, trainer=ArcherTrainer,
+                             help="utterance-level critic, token-level actor, on tree rollouts"))

@@ -11,8 +11,9 @@ One iteration:
    certain token), and play each on greedily; ``branch_depth`` levels.
 3. **Remember.** The memory keeps, per task, the best successful episode found so far (highest
    return, then fewest turns): a branch, or with ``clone_greedy`` the greedy episode itself.
-4. **Clone.** ``actor_epochs`` passes of the NLL loss (``-log pi`` on the sampled tokens) over the
-   valid turns of every remembered episode, plus the SFT stage's ``expert_replay`` demonstrations.
+4. **Clone.** ``actor_epochs`` passes of the likelihood update SFT uses (``likelihood.py``: ``-log pi``
+   on the sampled tokens, plus ``kl_coef`` times a KL guard to the starting policy) over the valid
+   turns of every remembered episode, plus the SFT stage's ``expert_replay`` demonstrations.
 
 Why: after SFT on a few demonstrations the policy's wrong turns are confident (top probability
 above 0.99 at the failing move), so temperature sampling, the exploration of RLOO, GRPO, GiGPO
@@ -30,28 +31,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 
+from turngym.agents.base import SamplingParams
 from turngym.config import knob
 from turngym.rewards.format import action_status
-from turngym.rollout import EpisodeSpec
-from turngym.rollout.branching import BRANCH_BY, branch_search
-from turngym.rollout.handles import describe_env, tool_stops
+from turngym.rollout import Collector, EnvTarget, EpisodeSpec
+from turngym.rollout.branching import BRANCH_BY
+from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
-from turngym.trainers.actor import actor_update
-from turngym.trainers.distributed import DistContext
+from turngym.trainers.actor import frozen_copy, prepare_trainable, use_bf16
+from turngym.trainers.distributed import DistContext, load_model_state_dict, model_state_dict
+from turngym.trainers.likelihood import likelihood_step, optimizer_steps
+from turngym.trainers.loop import IterativeTrainer
+from turngym.trainers.registry import Algorithm, register_algorithm
 from turngym.trainers.sequences import pack_batch
-from turngym.trainers.sft import expert_data
-from turngym.trainers.trainer import OnlineConfig, OnlineTrainer, env_factory, screen_order
 from turngym.types import Trajectory
 
 
 @dataclass
-class BranchBCConfig(OnlineConfig):
-    """Knobs of branch-search BC (plus the shared ``OnlineConfig`` ones; ``episodes_per_iter`` is the
-    number of training tasks screened per iteration)."""
+class BranchBCConfig:
+    """Branch-search BC's knobs, and only its own: an unknown one is an error."""
 
+    iterations: int = knob(8, "screen -> search -> clone rounds")
+    episodes_per_iter: int = knob(16, "training tasks screened per iteration (one greedy episode each)")
+    num_envs: int = knob(16, "episodes in flight while screening and searching")
+    max_turns: int | None = knob(None, "override the env's turn limit")
+    max_state_visits: int = knob(0, "end (truncate) an episode that reaches one env state this many times, e.g. 3 "
+                                     "cuts a two-room loop short (0 = off)")
+    max_new_tokens: int = knob(48, "length cap for one reply")
+    env_workers: str = knob("local", "where envs run: local | thread | subprocess | ray")
     branch_points: int = knob(2, "turns to branch at in each failed episode: the one that first returned to a "
                                  "visited state and the ones before it")
     branch_width: int = knob(3, "alternative replies tried at each branch point (the policy's runner-ups)")
@@ -63,23 +72,39 @@ class BranchBCConfig(OnlineConfig):
                               "iteration (False: only this iteration's)")
     expert_replay: int = knob(0, "the oracle's episodes on the first N training tasks (the SFT stage's data) join "
                                  "every update; 0 = off")
-    pg_loss: str = knob("nll", "nll: -log pi on the remembered episodes' tokens (the only loss this trainer uses)")
+    demo_seed: int = knob(-1, "expert_replay's demonstrations: the SFT stage's choice of training tasks (sft.demo_seed)")
+    actor_lr: float = knob(2e-5, "learning rate of the clone update (AdamW)")
+    actor_warmup_steps: int = knob(0, "optimizer steps over which the learning rate ramps linearly up to actor_lr")
+    actor_epochs: int = knob(1, "passes over the remembered episodes per iteration")
+    minibatch_size: int = knob(4, "episodes per optimizer step")
+    micro_batch_size: int = knob(4, "episodes per forward/backward inside a step (gradient accumulation; 0 = all)")
+    max_grad_norm: float = knob(1.0, "gradient clipping")
+    kl_coef: float = knob(0.0, "weight of the KL(pi || starting policy) guard in the clone update")
+    trainable: str = knob("all", "all | lora | top:K (only the top K transformer blocks)")
+    lora_r: int = knob(16, "LoRA rank when trainable=lora")
+    lora_alpha: int = knob(32, "LoRA alpha when trainable=lora")
+    autocast: str = knob("auto", "auto | bf16 | none: mixed precision for the training forwards (see OnlineConfig)")
+    seed: int = knob(0, "seeds the screen's task order and the minibatches")
+    checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
+    time_budget_s: float = knob(0.0, "stop after the iteration whose training seconds reach this; 0 = no limit")
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.pg_loss != "nll":
-            raise ValueError("branch_bc clones its episodes with the NLL loss: pg_loss must be nll")
+        if self.iterations < 0 or self.episodes_per_iter < 1 or self.num_envs < 1:
+            raise ValueError("iterations must be >= 0, episodes_per_iter and num_envs >= 1")
         if self.branch_by not in BRANCH_BY:
             raise ValueError(f"branch_by must be one of {BRANCH_BY}, got {self.branch_by!r}")
         if min(self.branch_points, self.branch_width, self.branch_depth) < 1:
             raise ValueError("branch_points, branch_width and branch_depth must be >= 1")
-        if self.expert_replay < 0:
-            raise ValueError(f"expert_replay must be >= 0, got {self.expert_replay}")
-        if self.group_size != 1:
-            raise ValueError("branch_bc screens each task once (group_size=1); the search makes its groups")
-        if self.async_staleness >= 0 or self.rollout_engine == "vllm" or self.sharding != "none":
-            raise ValueError("branch_bc replays and branches episodes with the HF policy in one process "
-                             "(async_staleness=-1, rollout_engine=hf, sharding=none)")
+        if min(self.expert_replay, self.max_state_visits, self.actor_warmup_steps, self.micro_batch_size) < 0:
+            raise ValueError("expert_replay, max_state_visits, actor_warmup_steps and micro_batch_size must be >= 0")
+        if self.actor_epochs < 0 or self.minibatch_size < 1 or self.kl_coef < 0 or self.time_budget_s < 0:
+            raise ValueError("actor_epochs, kl_coef and time_budget_s must be >= 0 and minibatch_size >= 1")
+        if not (self.trainable in ("all", "lora") or self.trainable.startswith("top:")):
+            raise ValueError(f"trainable must be all, lora or top:K, got {self.trainable!r}")
+        if self.autocast not in ("auto", "bf16", "none"):
+            raise ValueError(f"autocast must be auto, bf16 or none, got {self.autocast!r}")
+        if self.env_workers not in ("local", "thread", "subprocess", "ray"):
+            raise ValueError(f"env_workers must be local, thread, subprocess or ray, got {self.env_workers!r}")
 
 
 def better(a: Trajectory | None, b: Trajectory) -> bool:
@@ -89,29 +114,52 @@ def better(a: Trajectory | None, b: Trajectory) -> bool:
     return (b.total_reward, -len(b.turns)) > (a.total_reward, -len(a.turns))
 
 
-class BranchBCTrainer(OnlineTrainer):
-    """Train ``policy`` (an ``HFPolicy``) on ``env_id`` by branch search and cloning (see the module doc)."""
+class BranchBCTrainer(IterativeTrainer):
+    """Train ``policy`` (an ``HFPolicy``) on ``env_id`` by branch search and cloning (see the module doc).
+
+    Args:
+        policy, env_id, env_kwargs, out_dir: As for ``OnlineTrainer``.
+        cfg: The knobs.
+        ctx: Must be a single process (the search replays episodes with the policy itself).
+        collector: Plays the screens and the search (default: its own, closed at the end).
+
+    Raises:
+        ValueError: under a multi-process context.
+    """
 
     name = "branch_bc"
 
     def __init__(self, policy: Any, env_id: str, cfg: BranchBCConfig | None = None, *,
                  env_kwargs: dict | None = None, out_dir: str | Path = "runs/branch_bc", ctx: DistContext | None = None,
-                 rollouts: Any = None, pools: Any = None) -> None:
-        super().__init__(policy, env_id, cfg or BranchBCConfig(), env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx,
-                         rollouts=rollouts, pools=pools)
+                 collector: Collector | None = None) -> None:
+        cfg = cfg or BranchBCConfig()
+        self._init_loop(policy, env_id, cfg, out_dir, ctx)
         if self.ctx.enabled:
             raise ValueError("branch_bc runs in one process, not under torchrun")
-        self.memory: dict[str, Trajectory] = {}
+        self.env_kwargs = dict(env_kwargs or {})
+        self.env = EnvTarget(env_id, self.env_kwargs, cfg.max_turns, cfg.max_state_visits)
+        self.collector, self._own_collector = collector, collector is None
+        self.memory: dict[str, Trajectory] = {}  # task -> its best success found so far
         self.screened: dict[str, int] = {}  # task -> the iteration it was last screened in
+        self.greedy_outcomes: dict[str, bool] = {}  # task -> whether its last screen succeeded
         self.experts: list[Trajectory] = []
 
-    def _setup_extra(self) -> None:
-        probe = gym.make(self.env_id, **self.env_kwargs)
-        self.stops = tool_stops(describe_env(probe))
-        probe.close()
-        if self.cfg.expert_replay:
-            self.experts = expert_data(self.policy, self.env_id, self.cfg.expert_replay, self.env_kwargs, self.cfg.seed,
-                                   self.cfg.demo_seed)
+    def setup(self) -> None:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        self.ref = frozen_copy(self.policy.model) if cfg.kl_coef > 0 else None  # the KL guard's anchor
+        self.policy.model = self.model = prepare_trainable(self.policy.model, cfg.trainable, cfg.lora_r, cfg.lora_alpha)
+        if hasattr(self.policy, "generation_dtype"):  # sample in the update's precision
+            bf16 = use_bf16(cfg.autocast, next(self.model.parameters()).device.type)
+            self.policy.generation_dtype = torch.bfloat16 if bf16 else None
+        self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        if self.collector is None:
+            self.collector = Collector(self.policy, workers=cfg.env_workers)
+        self.task_ids = list(self.env.info.task_ids)
+        if cfg.expert_replay:
+            self.experts = self.collector.demonstrations(self.env, cfg.expert_replay, cfg.seed, cfg.demo_seed)
+        self._ready = True
 
     def pick_tasks(self) -> list[str]:
         """This iteration's screen: unsolved tasks first (no remembered success, and greedy play
@@ -121,18 +169,19 @@ class BranchBCTrainer(OnlineTrainer):
         return screen_order(self.task_ids, solved, self.screened, self.cfg.seed, self.iteration, self.cfg.episodes_per_iter)
 
     def step(self) -> dict[str, float]:
+        """One iteration: screen, search, remember, clone. Returns its metrics."""
         cfg = self.cfg
         # 1. screen: one greedy episode per task (reset seeds fixed per task, so a replay is exact)
-        specs = [EpisodeSpec(t, cfg.seed * 1_000_003 + self.task_ids.index(t), greedy=True) for t in self.pick_tasks()]
-        roots, metrics = self.collect(specs)
+        specs = [EpisodeSpec(t, run_seed(cfg.seed, self.task_ids.index(t)), greedy=True) for t in self.pick_tasks()]
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=run_seed(cfg.seed, self.iteration))
+        roots, metrics = self.collector.collect(self.env, specs, greedy, num_envs=cfg.num_envs)
         self.screened.update({s.task_id: self.iteration for s in specs})
         self.greedy_outcomes.update({r.task_id: bool(r.success) for r in roots})
         # 2. search from the failed ones
         t0 = time.perf_counter()
-        found = branch_search(self.policy, env_factory(self.env_id, self.env_kwargs, cfg), list(zip(specs, roots)),
-                              stops=self.stops, points=cfg.branch_points, width=cfg.branch_width,
-                              depth=cfg.branch_depth, max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs,
-                              workers=cfg.env_workers, pools=self.pools, by=cfg.branch_by)
+        found = self.collector.branch_search(self.env, list(zip(specs, roots)), points=cfg.branch_points,
+                                             width=cfg.branch_width, depth=cfg.branch_depth,
+                                             max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, by=cfg.branch_by)
         failed = {r.task_id for r in roots if not r.success}
         solved = {t.task_id for t in found if t.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(found)),
@@ -146,20 +195,60 @@ class BranchBCTrainer(OnlineTrainer):
             if t.success and better(self.memory.get(t.task_id), t):
                 self.memory[t.task_id] = t
         metrics["memory/tasks"] = float(len(self.memory))
-        # 4. clone the remembered episodes and the demonstrations (A = 1 on valid turns)
+        # 4. clone the remembered episodes and the demonstrations (weight 1 on valid turns)
         data = list(self.memory.values()) + self.experts
         if data:
-            batch = pack_batch(data, self.policy.pad_id)
-            adv = torch.tensor([float(action_status(data[ti].turns[k]) == "valid") for ti, k in batch.turn_refs])
-            token_adv = Fn.broadcast_to_tokens(adv, batch.token_turn)
-            metrics.update(actor_update(self.model, self.actor_opt, batch, token_adv, None, cfg, self.gen, self.ctx))
+            metrics.update(self.clone(data))
             metrics["actor/episodes"] = float(len(data))
         return self.finish_step(metrics)
 
-    def _extra_state(self) -> dict:
-        return {"memory": {k: t.to_dict() for k, t in self.memory.items()}, "screened": dict(self.screened)}
+    def clone(self, data: list[Trajectory]) -> dict[str, float]:
+        """``actor_epochs`` shuffled passes of the likelihood update over ``data``'s valid turns."""
+        cfg = self.cfg
+        batch = pack_batch(data, self.policy.pad_id)
+        valid = torch.tensor([float(action_status(data[ti].turns[k]) == "valid") for ti, k in batch.turn_refs])
+        weights = Fn.broadcast_to_tokens(valid, batch.token_turn)
+        rows, micro = batch.input_ids.shape[0], cfg.micro_batch_size or cfg.minibatch_size
+        self.model.train()
+        sums: dict[str, float] = {}
+        steps = 0
+        for _ in range(cfg.actor_epochs):
+            order = torch.randperm(rows, generator=self.gen).tolist()
+            for i in range(0, rows, cfg.minibatch_size):
+                step_rows = sorted(order[i : i + cfg.minibatch_size])
+                chunks = []
+                for j in range(0, len(step_rows), micro):
+                    sub, keep = batch.select_rows(step_rows[j : j + micro])
+                    chunks.append((sub, weights[keep]))
+                lr = Fn.warmup_lr(cfg.actor_lr, optimizer_steps(self.actor_opt), cfg.actor_warmup_steps)
+                stats = likelihood_step(self.model, self.actor_opt, chunks, lr=lr, max_grad_norm=cfg.max_grad_norm,
+                                        autocast_mode=cfg.autocast, ref=self.ref, kl_coef=cfg.kl_coef, entropy=True)
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                steps += 1
+        self.model.eval()
+        # the NLL keeps the name the online trainers give their update's loss, so curves compare
+        names = {"loss": "actor/pg_loss"}
+        return {names.get(k, f"actor/{k}"): v / max(steps, 1) for k, v in sums.items()}
 
-    def _load_extra_state(self, st: dict) -> None:
+    # ----- lifetime and checkpoints --------------------------------------------------------------
+    def close(self) -> None:
+        if self.collector is not None and self._own_collector:
+            self.collector.close()
+
+    def _state(self) -> dict:
+        return {"model": model_state_dict(self.model), "actor_opt": self.actor_opt.state_dict(),
+                "gen": self.gen.get_state(), "greedy_outcomes": dict(self.greedy_outcomes),
+                "memory": {k: t.to_dict() for k, t in self.memory.items()}, "screened": dict(self.screened)}
+
+    def _load_state(self, st: dict) -> None:
+        load_model_state_dict(self.model, st["model"])
+        self.actor_opt.load_state_dict(st["actor_opt"])
+        self.gen.set_state(st["gen"])
+        self.greedy_outcomes = dict(st.get("greedy_outcomes", {}))
         self.memory = {k: Trajectory.from_dict(d) for k, d in st.get("memory", {}).items()}
         self.screened = dict(st.get("screened", {}))
 
+
+register_algorithm(Algorithm("branch_bc", section="branch", config=BranchBCConfig, trainer=BranchBCTrainer,
+                             help="branch search from greedy failures, clone what wins (the default)"))

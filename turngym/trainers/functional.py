@@ -8,8 +8,7 @@ Each function names the equation it implements; tests check them on numbers work
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from typing import Hashable, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -142,14 +141,6 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, next_values: tor
         running = delta[t] + keep[t] * running
         out[t] = running
     return out
-
-
-def contrast_weight(successes: int, episodes: int) -> float:
-    """How likely a task's next group is to hold both outcomes: ``p (1 - p)`` with ``p`` its success
-    rate smoothed by Laplace's rule, ``(successes + 1) / (episodes + 2)``. An unseen task gets the
-    maximum, 1/4; a task its last group always won (or always lost) gets less, never 0."""
-    p = (successes + 1) / (episodes + 2)
-    return p * (1 - p)
 
 
 def center(x: torch.Tensor) -> torch.Tensor:
@@ -347,7 +338,7 @@ def token_logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor,
     return chosen, (-(logp.exp() * logp).sum(dim=-1) if entropy else None)
 
 
-# ----- critic-free advantages ----------------------------------------------------------------
+# ----- shared by the critic-free family (each algorithm's own estimator lives in its file) -------
 
 
 def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -358,95 +349,6 @@ def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
         running = rewards[t] + gamma * running
         out[t] = running
     return out
-
-
-def reinforce_advantages(returns: torch.Tensor) -> torch.Tensor:
-    """REINFORCE with a batch-mean baseline: ``A_i = R_i - mean(R)``, shape ``(N,)``."""
-    return returns - returns.mean()
-
-
-def rloo_advantages(returns: torch.Tensor) -> torch.Tensor:
-    """RLOO (Ahmadian et al. 2024), per group: ``A_i = R_i - mean_{j != i} R_j``.
-
-    Args:
-        returns: ``(G, n)``: G groups of n episodes of the same task (n >= 2).
-    """
-    n = returns.shape[-1]
-    if n < 2:
-        raise ValueError("RLOO needs at least 2 episodes per group")
-    others = (returns.sum(dim=-1, keepdim=True) - returns) / (n - 1)
-    return returns - others
-
-
-def grpo_advantages(returns: torch.Tensor, eps: float = 1e-6, scale_by_std: bool = True) -> torch.Tensor:
-    """GRPO (Shao et al. 2024), per group: ``A_i = (R_i - mean(R)) / (std(R) + eps)``.
-
-    Args:
-        returns: ``(G, n)``. ``std`` is the population std (``unbiased=False``).
-        scale_by_std: ``False`` gives the mean-centred variant (Dr. GRPO).
-    """
-    centred = returns - returns.mean(dim=-1, keepdim=True)
-    if not scale_by_std:
-        return centred
-    return centred / (returns.std(dim=-1, unbiased=False, keepdim=True) + eps)
-
-
-def gigpo_step_advantages(
-    step_returns: torch.Tensor,
-    group_ids: Sequence[Hashable],
-    state_keys: Sequence[Hashable],
-    eps: float = 1e-6,
-    scale_by_std: bool = True,
-) -> torch.Tensor:
-    """GiGPO's step-level advantage (Feng et al. 2025): steps taken from the same anchor state
-    (same ``state_key``) within the same group form a step group; each step's discounted return
-    is normalised within its step group: ``A^S = (G_t - mean) / (std + eps)``. A step whose
-    anchor state was visited once gets 0 (no comparison is possible).
-
-    Args:
-        step_returns: ``(S,)`` discounted returns ``G_t`` of every step in the batch.
-        group_ids, state_keys: length ``S``; which episode group and which state each step is from.
-
-    Returns:
-        ``(S,)`` step-level advantages.
-    """
-    buckets: dict[tuple, list[int]] = defaultdict(list)
-    for i, key in enumerate(zip(group_ids, state_keys)):
-        buckets[key].append(i)
-    out = torch.zeros_like(step_returns)
-    for idx in buckets.values():
-        if len(idx) < 2:
-            continue
-        r = step_returns[idx]
-        centred = r - r.mean()
-        out[idx] = centred / (r.std(unbiased=False) + eps) if scale_by_std else centred
-    return out
-
-
-def gigpo_advantages(
-    episode_returns: torch.Tensor,
-    step_returns: torch.Tensor,
-    step_episode: torch.Tensor,
-    group_ids: Sequence[Hashable],
-    state_keys: Sequence[Hashable],
-    step_weight: float = 1.0,
-    scale_by_std: bool = True,
-) -> torch.Tensor:
-    """GiGPO's per-step advantage ``A = A^E(episode) + omega * A^S(step)``.
-
-    Args:
-        episode_returns: ``(G, n)`` episode returns per group (as for GRPO).
-        step_returns: ``(S,)`` discounted return of each step.
-        step_episode: ``(S,)`` long, flat index ``g * n + i`` of each step's episode.
-        group_ids, state_keys: per step, as in ``gigpo_step_advantages``.
-        step_weight: ``omega``.
-
-    Returns:
-        ``(S,)``.
-    """
-    a_episode = grpo_advantages(episode_returns, scale_by_std=scale_by_std).reshape(-1)[step_episode]
-    a_step = gigpo_step_advantages(step_returns, group_ids, state_keys, scale_by_std=scale_by_std)
-    return a_episode + step_weight * a_step
 
 
 def equal_group_mask(returns: torch.Tensor, atol: float = 1e-8) -> torch.Tensor:
@@ -460,34 +362,6 @@ def equal_group_mask(returns: torch.Tensor, atol: float = 1e-8) -> torch.Tensor:
         returns: ``(G, n)``.
     """
     return (returns.max(dim=-1).values - returns.min(dim=-1).values) > atol
-
-
-def best_of_group_advantages(returns: torch.Tensor, success: torch.Tensor, lengths: torch.Tensor | None = None,
-                             k: int = 1) -> torch.Tensor:
-    """Online filtered behaviour cloning: ``A = 1`` for the ``k`` best episodes of each group that
-    succeeded, ``0`` for every other episode.
-
-    Episodes rank by return (highest first), then by length (shortest first: of two successes with
-    the same return, the shorter one wandered less and is the better demonstration), then by
-    position. A group contributes fewer than ``k`` when fewer of its episodes succeeded.
-
-    Args:
-        returns, success: ``(G, n)``; ``success`` is 1 for a solved episode.
-        lengths: ``(G, n)`` turns per episode (None: ties go to the first).
-        k: Episodes to clone per group.
-
-    Returns:
-        ``(G, n)``.
-    """
-    g, n = returns.shape
-    order = torch.arange(n).expand(g, n)
-    if lengths is not None:  # stable sorts, least important key first
-        order = lengths.gather(-1, order).argsort(dim=-1, stable=True)
-    order = order.gather(-1, (-returns.gather(-1, order)).argsort(dim=-1, stable=True))
-    ranked_success = success.gather(-1, order) > 0
-    # the rank among successes of each ranked slot: clone the first k successes
-    take = ranked_success & (ranked_success.long().cumsum(-1) <= k)
-    return torch.zeros_like(returns).scatter_(-1, order, take.to(returns.dtype))
 
 
 def token_share(tokens_per_chunk: Sequence[int]) -> list[float]:

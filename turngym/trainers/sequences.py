@@ -1,8 +1,9 @@
 """Trajectories to padded token batches, and the forward pass that scores them.
 
-Because turn k's prompt ids are a prefix of turn k+1's (see ``turngym.agents.chat``), a whole
-episode is ONE training sequence: a single forward over it scores every action token of every
-turn. ``pack_turns`` splits an episode into several sequences only where that property breaks.
+An episode's ``TokenRecord`` holds its tokens once: turn k's prompt is a prefix of turn k+1's (see
+``turngym.agents.chat``), so a whole episode is ONE training sequence, and a single forward over it
+scores every action token of every turn. The record splits into several sequences (segments) only
+where that property broke while it was sampled; ``pack_batch`` only pads them.
 
 The forward applies the LM head only at action positions: full-vocabulary logits for every token
 of a long episode would cost gigabytes and buy nothing.
@@ -12,58 +13,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Sequence
 
 import torch
 
 from turngym.trainers import functional as Fn
-from turngym.types import Trajectory
-
-
-@dataclass
-class TokenSegment:
-    """A run of turns whose prompts extend each other: one training sequence.
-
-    Attributes:
-        ids: All tokens, ``(T,)``.
-        loss_mask: ``(T,)``; 1 on sampled tokens.
-        logprobs: ``(T,)``; the recorded log-prob on sampled tokens, 0.0 elsewhere.
-        turn_spans: ``(turn_index, start, end)`` of each action inside ``ids``.
-    """
-
-    ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    turn_spans: list[tuple[int, int, int]] = field(default_factory=list)
-
-
-def pack_turns(turns: Sequence[Any]) -> list[TokenSegment]:
-    """Rebuild training sequences from recorded turns (``Turn`` or ``Utterance``-like objects with
-    ``prompt_ids``, ``action_ids`` and ``action_logprobs``/``logprobs``).
-
-    Each turn whose prompt extends the previous sequence joins it; any other starts a new segment
-    (a template fallback, or a policy without incremental prompts). Turns without tokens (scripted
-    agents) are skipped.
-
-    Returns:
-        The segments, in order.
-    """
-    segs: list[TokenSegment] = []
-    for k, t in enumerate(turns):
-        prompt, action = list(t.prompt_ids), list(t.action_ids)
-        lps = list(getattr(t, "action_logprobs", None) or getattr(t, "logprobs", None) or [0.0] * len(action))
-        if not prompt and not action:
-            continue
-        cur = segs[-1] if segs else None
-        if cur is None or prompt[: len(cur.ids)] != cur.ids:
-            cur = TokenSegment()
-            segs.append(cur)
-        extra = prompt[len(cur.ids):]
-        cur.ids += extra + action
-        cur.loss_mask += [0] * len(extra) + [1] * len(action)
-        cur.logprobs += [0.0] * len(extra) + lps
-        cur.turn_spans.append((k, len(cur.ids) - len(action), len(cur.ids)))
-    return segs
+from turngym.types import TokenRecord, Trajectory
 
 
 @dataclass
@@ -131,35 +85,55 @@ class PackedBatch:
 
 
 def pack_batch(trajectories: list[Trajectory], pad_id: int) -> PackedBatch:
-    """Pack every turn that carries token ids; turns without tokens (scripted agents) are skipped.
+    """Every turn that has tokens, from each trajectory's ``TokenRecord``, padded (turns without
+    tokens, a scripted agent's, are skipped).
 
     Raises:
-        ValueError: no turn in ``trajectories`` has token ids.
+        ValueError: no turn in ``trajectories`` has tokens.
     """
-    rows: list[tuple[list[int], list[int], list[float]]] = []
-    spans: list[tuple[int, int, int, int, int]] = []  # (traj, turn, row, start, end)
-    for ti, traj in enumerate(trajectories):
-        for seg in pack_turns(traj.turns):
+    items = [(t.record, [(k, turn.span) for k, turn in enumerate(t.turns) if turn.span is not None])
+             for t in trajectories]
+    return pack_records(items, pad_id)
+
+
+def pack_records(items: list[tuple[TokenRecord | None, list[tuple[int, tuple[int, int]]]]], pad_id: int) -> PackedBatch:
+    """Records as padded rows, one per segment that holds a scored span; nothing is re-derived.
+
+    Args:
+        items: Per record, the ``(turn index, span)`` pairs to score (a trajectory's turns; or one
+            branch's new action, ``TokenRecord.branch``). ``turn_refs`` are ``(item index, turn index)``.
+        pad_id: The padding token.
+
+    Raises:
+        ValueError: no item has a span.
+    """
+    rows: list[tuple[TokenRecord, int, int]] = []  # (record, segment start, end)
+    spans: list[tuple[int, int, int, int, int]] = []  # (item, turn, row, start, end), positions in the row
+    for ti, (rec, turns) in enumerate(items):
+        by_seg: dict[int, list[tuple[int, tuple[int, int]]]] = {}
+        for k, span in turns:
+            by_seg.setdefault(rec.segment_start(span[0]), []).append((k, span))
+        for seg, members in by_seg.items():
             r = len(rows)
-            rows.append((seg.ids, seg.loss_mask, seg.logprobs))
-            spans += [(ti, k, r, s, e) for k, s, e in seg.turn_spans]
+            rows.append((rec, seg, max(e for _, (_, e) in members)))
+            spans += [(ti, k, r, s - seg, e - seg) for k, (s, e) in members]
     if not rows:
         raise ValueError("no turn has token ids: was the policy an LLM policy that records tokens?")
-    width = max(len(ids) for ids, _, _ in rows)
+    width = max(end - seg for _, seg, end in rows)
     B = len(rows)
     input_ids = torch.full((B, width), pad_id, dtype=torch.long)
     attention = torch.zeros((B, width), dtype=torch.long)
     policy_tok = torch.zeros((B, width), dtype=torch.bool)
     lp = torch.zeros((B, width), dtype=torch.float32)
     turn_of = torch.full((B, width), -1, dtype=torch.long)
-    for r, (ids, mask, logprobs) in enumerate(rows):
-        n = len(ids)
-        input_ids[r, :n] = torch.tensor(ids)
+    for r, (rec, seg, end) in enumerate(rows):
+        n = end - seg
+        input_ids[r, :n] = torch.tensor(rec.ids[seg:end])
         attention[r, :n] = 1
-        policy_tok[r, :n] = torch.tensor(mask, dtype=torch.bool)
-        lp[r, :n] = torch.tensor(logprobs, dtype=torch.float32)
+        lp[r, :n] = torch.tensor(rec.logprobs[seg:end], dtype=torch.float32)
     state_pos, action_pos = [], []
     for flat, (ti, k, r, s, e) in enumerate(spans):
+        policy_tok[r, s:e] = True  # the scored tokens are exactly the given spans
         turn_of[r, s:e] = flat
         state_pos.append((r, s - 1))
         action_pos.append((r, e - 1))

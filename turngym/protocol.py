@@ -1,4 +1,4 @@
-"""The learning protocol (issue #15): every learning claim is measured this way.
+"""``turngym protocol``: the learning protocol every learning claim is measured with.
 
 Per seed, SFT runs once (the ``turngym train`` pipeline's SFT stage); every arm starts from those
 weights and is evaluated on the same held-out games (greedy, and ``--samples`` times per game at the
@@ -12,12 +12,13 @@ training temperature) at its start, every ``--eval-every`` iterations and at its
   Every such arm (``NAME=sft_continued``) is a baseline the others are compared with; a finished one
   is kept when a longer RL arm is added later, so match that arm with a second, newly named one.
 
-    python scripts/protocol.py --config configs/quickstart.yaml --arm sft --arm sft_continued \\
+    turngym protocol --config configs/quickstart.yaml --arm sft --arm sft_continued \\
         --arm archer --arm rloo --seeds 0 1 2 --games 128 --samples 2 --out runs/protocol
 
 Writes ``protocol.json`` (everything), ``protocol.md`` (the tables) and ``protocol.png`` (learning
 curves) in ``--out``; ``--out/seed<S>/<arm>/`` are ordinary ``turngym train`` output dirs, so a
-killed run rerun with the same arguments resumes where it stopped.
+killed run rerun with the same arguments resumes where it stopped. The statistics (paired and
+cluster-bootstrap differences, seed-level intervals, the report) are ``turngym.bench.protocol``'s.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ import torch
 from turngym.bench.protocol import (compare_arms, held_out_eval, markdown_report, plot_curves, release_memory,
                                     steps_to_target, task_groups)
 from turngym.config import apply_overrides, load_yaml
-from turngym.rollout import EnvPools
+from turngym.rollout import Collector
 from turngym.train import TrainConfig, load_policy, rl_section, run
 from turngym.trainers.sft import sft
+from turngym.trainers.trainer import OnlineConfig
 
 
 @dataclass
@@ -95,10 +97,12 @@ class Protocol:
         if any(a.algo == "sft_continued" for a in self.arms) and not any(a.is_rl for a in self.arms):
             raise SystemExit("sft_continued matches an RL arm's training time: add an RL arm")
         rl = rl_section(self.base)[1]
-        self.temperature = rl.temperature if args.temperature is None else args.temperature
+        # the training temperature of the online trainers; branch BC plays greedily, so the default 1.0
+        trained_at = rl.temperature if isinstance(rl, OnlineConfig) else 1.0
+        self.temperature = trained_at if args.temperature is None else args.temperature
         self.held_out = _split(self.base.env_kwargs, self.base.eval.split)
         self.groups = task_groups(self.base.env_id, self.held_out)
-        self.pools = EnvPools()  # the held-out envs stay open across every evaluation of this process
+        self.collector = Collector(None)  # the held-out envs stay open across every evaluation of this process
 
     # ----- configs and evaluation ------------------------------------------------------------
     def config(self, arm: Arm, seed: int, rl_iterations: int | None = None) -> TrainConfig:
@@ -115,7 +119,7 @@ class Protocol:
         a = self.args
         rec = held_out_eval(policy, cfg.env_id, self.held_out, games=a.games, samples=a.samples,
                             temperature=self.temperature, max_new_tokens=cfg.eval.max_new_tokens,
-                            num_envs=cfg.eval.num_envs, groups=self.groups, pools=self.pools)
+                            num_envs=cfg.eval.num_envs, groups=self.groups, collector=self.collector)
         temp = "" if rec["temp_success"] is None else f", T={self.temperature} {rec['temp_success']:.1%}"
         lo, hi = rec["success_ci95"]
         print(f"[protocol] {label}: greedy {rec['success']:.1%} [{lo:.1%}, {hi:.1%}] (n={rec['episodes']}){temp}",
@@ -197,7 +201,7 @@ class Protocol:
 
     # ----- the whole protocol -----------------------------------------------------------------
     def run_all(self) -> dict:
-        with self.pools:
+        with self.collector:
             for seed in self.args.seeds:
                 sft_dir = self.run_sft(seed)
                 release_memory()
@@ -279,11 +283,11 @@ class Protocol:
         return report
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="base YAML train config (default: the quickstart)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a base config field")
-    p.add_argument("--arm", action="append", default=[], help="sft | sft_continued | [NAME=]ALGO[:KEY=VALUE ...]")
+    p.add_argument("--arm", action="append", default=[], help="sft | sft_continued | [NAME=]ALGO[:KEY=VALUE ...] "
+                                                              "(default: sft, sft_continued, rloo)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--games", type=int, default=128, help="held-out games per evaluation")
     p.add_argument("--samples", type=int, default=2, help="samples per game at the training temperature")
@@ -298,7 +302,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: report the (arm, seed) pairs that have finished")
-    args = p.parse_args(argv)
+
+
+def run_protocol(args: argparse.Namespace) -> dict:
+    """Run (or resume, or with ``--report-only`` only report) the protocol; returns ``protocol.json``'s content."""
     if not args.arm:
         args.arm = ["sft", "sft_continued", "rloo"]
     protocol = Protocol(args)
@@ -307,5 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
     return report
 
 
-if __name__ == "__main__":
-    main()
+def main(args: argparse.Namespace) -> int:
+    """``turngym protocol``."""
+    run_protocol(args)
+    return 0
