@@ -4,16 +4,16 @@ split before any training runs, and the plot of held-out success per stage.
 Two checks, both cheap next to training:
 
 - by id: a test task id that is also a training task id (an env that ignores ``split=``);
-- by content: a test task whose opening (the reset observation under a fixed seed, and the oracle's
-  first move when the env has one) equals a training task's. That catches the same task under
-  another name. A fingerprint several tasks of one split share tells nothing (e.g. Wordle: every game
-  opens alike and the secret is hidden), so it is left out. Resets can be slow (TextWorld: 0.3 s),
-  so the content check stops after a time budget and says how much it covered.
+- by content: a test task whose opening (``rollout.envinfo.task_openings``: the reset observation
+  under a fixed seed, and the oracle's first move when the env has one) equals a training task's.
+  That catches the same task under another name. A fingerprint several tasks of one split share
+  tells nothing (e.g. Wordle: every game opens alike and the secret is hidden), so it is left out.
+  Resets can be slow (ALFWorld: 2 s), so the content check stops after a time budget and says how
+  much it covered.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 import time
 from collections import Counter
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
+from turngym.rollout.envinfo import env_info, task_openings
 
 
 @dataclass
@@ -59,14 +59,6 @@ class SplitCheck:
                 "content_note": self.content_note}
 
 
-def fingerprint(env: gym.Env, task_id: str) -> str:
-    """A hash of a task's opening: its reset observation under seed 0, and the oracle's first move
-    (``info["oracle_action"]``, present when the env was made with ``scripted_hints=True``)."""
-    obs, info = env.reset(seed=0, options={"task_id": task_id})
-    text = repr([(m.role, m.content) for m in obs]) + repr(info.get("oracle_action"))
-    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def check_splits(env_id: str, train_kwargs: dict, test_kwargs: dict, episodes: int, *,
                  budget_s: float = 10.0) -> SplitCheck:
     """Compare the tasks a held-out evaluation of ``episodes`` games plays with the training tasks.
@@ -80,40 +72,35 @@ def check_splits(env_id: str, train_kwargs: dict, test_kwargs: dict, episodes: i
 
     Returns:
         A ``SplitCheck``; the caller decides what to refuse.
+
+    Raises:
+        Whatever making the envs raises (e.g. ``TypeError`` for a kwarg the env does not take).
     """
-    train_env = gym.make(env_id, **{**train_kwargs, "scripted_hints": True})
-    test_env = gym.make(env_id, **{**test_kwargs, "scripted_hints": True})
-    try:
-        train_ids = [str(t) for t in train_env.unwrapped.task_ids]
-        split = [str(t) for t in test_env.unwrapped.task_ids]
-        out = SplitCheck(train_ids, split[:episodes], len(split))
-        known = set(train_ids)
-        out.id_overlap = [t for t in out.test_tasks if t in known]
-        if train_ids:
-            out.train_oracle = train_env.reset(seed=0, options={"task_id": train_ids[0]})[1].get("oracle_action") is not None
-        if budget_s > 0 and train_ids and out.test_tasks:
-            _check_content(out, test_env, train_env, budget_s)
-    finally:
-        train_env.close()
-        test_env.close()
+    train_ids = list(env_info(env_id, **train_kwargs).task_ids)
+    split = list(env_info(env_id, **test_kwargs).task_ids)
+    out = SplitCheck(train_ids, split[:episodes], len(split))
+    known = set(train_ids)
+    out.id_overlap = [t for t in out.test_tasks if t in known]
+    if not train_ids:
+        return out
+    if budget_s > 0 and out.test_tasks:
+        _check_content(out, env_id, train_kwargs, test_kwargs, budget_s)
+    else:  # SFT needs an oracle: one opening says whether there is one
+        out.train_oracle = task_openings(env_id, train_ids[:1], **train_kwargs)[train_ids[0]].oracle
     return out
 
 
-def _check_content(out: SplitCheck, test_env: gym.Env, train_env: gym.Env, budget_s: float) -> None:
-    """Fingerprint test and training tasks in turn (training tasks in a seeded random order, so a cut
-    by the budget still samples the whole split) until done or out of time; the first pair always."""
+def _check_content(out: SplitCheck, env_id: str, train_kwargs: dict, test_kwargs: dict, budget_s: float) -> None:
+    """Hash the openings of the test tasks (half the budget), then of the training tasks in a seeded
+    random order (the rest), so a cut by the budget still samples the whole training split."""
+    t0 = time.perf_counter()
+    test = task_openings(env_id, out.test_tasks, budget_s / 2, **test_kwargs)
     train_order = list(out.train_tasks)
     random.Random(0).shuffle(train_order)
-    queue = [(i, kind) for i in range(max(len(out.test_tasks), len(train_order))) for kind in ("test", "train")]
-    test_fp: dict[str, str] = {}
-    train_fp: dict[str, str] = {}
-    deadline = time.perf_counter() + budget_s
-    for i, kind in queue:
-        if i > 0 and time.perf_counter() > deadline:
-            break
-        ids, env, into = (out.test_tasks, test_env, test_fp) if kind == "test" else (train_order, train_env, train_fp)
-        if i < len(ids):
-            into[ids[i]] = fingerprint(env, ids[i])
+    train = task_openings(env_id, train_order, max(0.0, budget_s - (time.perf_counter() - t0)), **train_kwargs)
+    out.train_oracle = any(o.oracle for o in train.values())
+    test_fp = {t: o.digest for t, o in test.items()}
+    train_fp = {t: o.digest for t, o in train.items()}
     out.content_checked = (len(test_fp), len(train_fp))
     shared = {h for fps in (test_fp, train_fp) for h, n in Counter(fps.values()).items() if n > 1}
     by_hash = {h: t for t, h in train_fp.items() if h not in shared}
