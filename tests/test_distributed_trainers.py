@@ -43,7 +43,8 @@ def _worker(rank: int, algo: str, init_file: str, out_dir: str) -> None:
         common = dict(iterations=2, episodes_per_iter=8, num_envs=4, max_new_tokens=8, minibatch_size=3,
                       actor_lr=1e-2, checkpoint_every=1, autocast="none")
         if algo == "archer":
-            trainer = ArcherTrainer(policy, ENV, ArcherConfig(**common, critic_updates=3, critic_warmup=0, kl_coef=0.01),
+            trainer = ArcherTrainer(policy, ENV, ArcherConfig(**common, critic_updates=3, critic_warmup=0, kl_coef=0.01,
+                                                                  collect="sample", actor_loss="ppo", critic_gate=0.0),
                                     out_dir=f"{out_dir}/run", ctx=ctx)
         else:
             trainer = PGTrainer(policy, ENV, PGConfig(**common, algo="grpo", group_size=2, reward=["env", "test_length"]), out_dir=f"{out_dir}/run", ctx=ctx)

@@ -19,8 +19,10 @@ ENV = "tests/Guess-v0"
 
 
 def _archer_cfg(**kw):
+    """ArCHer's on-policy variant (sampled episodes, PPO actor): tree rollouts are tested in test_archer."""
     base = dict(iterations=2, episodes_per_iter=4, num_envs=4, max_new_tokens=12, critic_updates=4,
-                critic_warmup=0, kl_coef=0.01, minibatch_size=2, checkpoint_every=1)
+                critic_warmup=0, kl_coef=0.01, minibatch_size=2, checkpoint_every=1, collect="sample",
+                actor_loss="ppo", critic_gate=0.0, v_target="buffer_action")
     return ArcherConfig(**{**base, **kw})
 
 

@@ -23,12 +23,15 @@ One iteration (``collect="tree"``, the default):
    Q(s, a) - V(s) is learned from. Shared prefixes count once: a branch adds only its own turns.
 2. rewards: the reward transforms (env, format, G-RA, SPA...) per turn.
 3. features: one reference forward per episode gives phi(s), phi(s, a) for every turn.
-4. critic: the turns go to the replay buffer, then N TD updates. The turns of a fixed share of the
-   training tasks (``critic_holdout``) never do: the critic is scored on their sibling pairs, out of
-   sample (``critic/sibling_auc``: how often Q - V ranks the sibling that earned more first).
-5. actor: AWR over episodes from the actor's memory (this and earlier iterations), plus the SFT
-   stage's ``expert_replay`` demonstrations, only while the sibling AUC is at least ``critic_gate``:
-   a critic at chance does not drive the actor.
+4. critic: the turns go to the replay buffer, then N TD updates. Before they do, the iteration's
+   sibling pairs are scored out of sample by two side copies of the critic, each trained without
+   one half of the tasks (``critic/sibling_auc_xfit``: how often Q - V ranks the sibling that earned
+   more first). The turns of a fixed share of the training tasks (``critic_holdout``) never train
+   the critic: their pairs, kept across iterations, give ``critic/sibling_auc``.
+5. actor: AWR at the states of the actor's memory (this and earlier iterations' siblings), plus the
+   SFT stage's ``expert_replay`` demonstrations, only while the out-of-sample sibling AUC (the
+   cross-fit, else the held-out tasks') is at least ``critic_gate``: a critic at chance does not
+   drive the actor.
 6. log and checkpoint.
 
 ``collect="sample"`` plays ``episodes_per_iter`` episodes at the sampling temperature instead
@@ -67,6 +70,7 @@ advantages, AWR weights, sibling AUC, transitions and windows in ``functional``,
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import math
@@ -120,8 +124,8 @@ class ArcherConfig(OnlineConfig):
                                  "actor update with weight 1; 0 = off")
     critic_holdout: float = knob(0.125, "share of the training tasks whose turns the critic never trains on: their "
                                         "sibling pairs score it out of sample (critic/sibling_auc)")
-    critic_gate: float = knob(0.6, "the actor trains only while the out-of-sample sibling AUC is at least this "
-                                   "(0 = always; needs collect=tree)")
+    critic_gate: float = knob(0.6, "the actor trains only while the out-of-sample sibling AUC (this iteration's "
+                                   "two-fold cross-fit, else the held-out tasks') is at least this (0 = always)")
     critic_hidden: int = knob(256, "width of the critic's MLP heads")
     critic_lr: float = knob(1e-3, "critic learning rate (AdamW)")
     critic_updates: int = knob(200, "N: critic TD updates per iteration")
@@ -343,13 +347,17 @@ class ArcherTrainer(OnlineTrainer):
         held = [i for i in own if trajs[enc.refs[i][0]].task_id in self.heldout_tasks]
         train = [i for i in own if trajs[enc.refs[i][0]].task_id not in self.heldout_tasks]
         fresh = [g for g in siblings if trajs[enc.refs[g[0]][0]].task_id not in self.heldout_tasks]
-        metrics["critic/sibling_auc_before"], _ = Fn.sibling_auc(adv, values, fresh)
-        self._add_transitions(train, enc, r, done, next_s, v_sa)
+        auc_before, pairs_before = Fn.sibling_auc(adv, values, fresh)
+        if pairs_before:  # in sample for states seen in earlier iterations; undefined without a pair
+            metrics["critic/sibling_auc_before"] = auc_before
+        metrics.update(self._crossfit_auc(train, fresh, enc, (r, done, next_s, v_sa), values, trajs))
+        self._add_transitions(self.buffer, train, enc, r, done, next_s, v_sa)
         metrics.update(self._critic_updates(cfg.critic_updates))
         self._keep_heldout_pairs([g for g in siblings if g[0] in set(held)], enc, values)
         metrics.update(self._heldout_auc())
-        # 5. actor
-        gate = cfg.critic_gate <= 0 or metrics.get("critic/sibling_auc", 0.0) >= cfg.critic_gate
+        # 5. actor, while the critic ranks siblings out of sample (this iteration's cross-fit, else the held-out tasks)
+        evidence = metrics.get("critic/sibling_auc_xfit", metrics.get("critic/sibling_auc", 0.0))
+        gate = cfg.critic_gate <= 0 or evidence >= cfg.critic_gate
         active = self.critic_steps >= cfg.critic_warmup and gate
         if cfg.actor_loss == "awr":
             self._remember(trajs, enc, siblings, values)
@@ -451,28 +459,63 @@ class ArcherTrainer(OnlineTrainer):
             return Fn.td_advantage(r, v, self.critic.value(next_feat), done, cfg.gamma), q
         return Fn.gae_advantages(r, v, self.critic.value(next_feat), done, cfg.gamma, cfg.gae_lambda), q
 
-    def _add_transitions(self, rows: list[int], enc: Encoded, r, done, next_s, v_sa) -> None:
+    @staticmethod
+    def _add_transitions(buffer: ReplayBuffer, rows: list[int], enc: Encoded, r, done, next_s, v_sa) -> None:
         if not rows:
             return
         index = torch.tensor(rows, dtype=torch.long)
         pick = lambda x: None if x is None else _select(x, index)
-        self.buffer.add(pick(enc.s), pick(enc.sa), r[index], done[index], pick(next_s), v_sa=pick(v_sa))
+        buffer.add(pick(enc.s), pick(enc.sa), r[index], done[index], pick(next_s), v_sa=pick(v_sa))
 
     def _critic_updates(self, n: int) -> dict[str, float]:
+        sums = self._td_steps(self.critic, self.critic_target, self.critic_opt, self.buffer, n, self.ctx)
+        self.critic_steps += n if len(self.buffer) else 0
+        return sums
+
+    def _td_steps(self, critic: UtteranceCritic, target: UtteranceCritic, opt: torch.optim.Optimizer,
+                  buffer: ReplayBuffer, n: int, ctx: DistContext | None = None) -> dict[str, float]:
+        """``n`` TD updates of ``critic`` (and Polyak steps of ``target``) on minibatches of ``buffer``."""
         cfg, sums = self.cfg, {}
         v_action = "sa" if cfg.v_target == "buffer_action" else "v_sa"
-        for _ in range(n if len(self.buffer) else 0):
-            b = self.buffer.sample(cfg.critic_batch_size)
-            loss, stats = td_loss(self.critic, self.critic_target, b, cfg.gamma, v_action)
-            self.critic_opt.zero_grad(set_to_none=True)
+        for _ in range(n if len(buffer) else 0):
+            loss, stats = td_loss(critic, target, buffer.sample(cfg.critic_batch_size), cfg.gamma, v_action)
+            opt.zero_grad(set_to_none=True)
             loss.backward()
-            self.ctx.all_reduce_grads(self.critic.parameters())
-            self.critic_opt.step()
-            soft_update(self.critic_target, self.critic, cfg.tau)
-            self.critic_steps += 1
+            if ctx is not None:
+                ctx.all_reduce_grads(critic.parameters())
+            opt.step()
+            soft_update(target, critic, cfg.tau)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v / n
         return sums
+
+    def _crossfit_auc(self, rows: list[int], groups: list[list[int]], enc: Encoded, transitions: tuple,
+                      values: torch.Tensor, trajs: list[Trajectory]) -> dict[str, float]:
+        """``critic/sibling_auc_xfit``: this iteration's sibling pairs, out of sample. The tasks are
+        split in two halves; for each half, a copy of the critic as it stands trains (``critic_updates``
+        steps, on the replay buffer plus this iteration's turns of the OTHER half) and scores the
+        half's pairs, so no pair is scored by a critic that saw its task this iteration."""
+        if not groups or self._hidden_layer is not None:  # top:K: a copy of its blocks per fold is too dear
+            return {}
+        task = lambda i: trajs[enc.refs[i][0]].task_id
+        half = lambda i: int(hashlib.sha256(f"{self.iteration}:{task(i)}".encode()).hexdigest()[:8], 16) % 2
+        scores = torch.zeros(len(enc.refs))
+        for f in (0, 1):
+            mine = [i for g in groups if half(g[0]) == f for i in g]
+            if not mine:
+                continue
+            critic, target = copy.deepcopy(self.critic), copy.deepcopy(self.critic_target)
+            opt = torch.optim.AdamW(critic.parameters(), lr=self.cfg.critic_lr)
+            buffer = self.buffer.clone()
+            self._add_transitions(buffer, [i for i in rows if half(i) != f], enc, *transitions)
+            self._td_steps(critic, target, opt, buffer, self.cfg.critic_updates)
+            index = torch.tensor(mine, dtype=torch.long)
+            with torch.no_grad():
+                s = critic.encode(_select(enc.s, index))
+                adv = Fn.double_q_min(*critic.q_values(s, _select(enc.sa, index))) - critic.value(s)
+            scores[index] = adv
+        auc, pairs = Fn.sibling_auc(scores, values, groups)
+        return {"critic/sibling_auc_xfit": auc, "critic/sibling_pairs_xfit": float(pairs)} if pairs else {}
 
     def _keep_heldout_pairs(self, groups: list[list[int]], enc: Encoded, values: torch.Tensor) -> None:
         """Store the held-out tasks' sibling groups (features and values): the critic never trains
@@ -506,7 +549,11 @@ class ArcherTrainer(OnlineTrainer):
         if all(y is None for y in labels):
             return {}
         y = torch.tensor([float("nan") if v is None else float(v) for v in labels])
-        return {"critic/auc_expert": Fn.auc(adv, y), "critic/expert_rate": float(y.nan_to_num(0.0).sum() / (~y.isnan()).sum())}
+        out = {"critic/expert_rate": float(y.nan_to_num(0.0).sum() / (~y.isnan()).sum())}
+        auc = Fn.auc(adv, y)
+        if not math.isnan(auc):  # undefined when no turn (or every turn) played the oracle's move
+            out["critic/auc_expert"] = auc
+        return out
 
     # ----- 5. actor ----------------------------------------------------------------------------
     def _remember(self, trajs: list[Trajectory], enc: Encoded, siblings: list[list[int]], values: torch.Tensor) -> None:
