@@ -66,7 +66,7 @@ def move(direction) -> TurngymAction:
 def test_openenv_client_plays_a_maze_to_the_goal(server):
     grid, start, goal = make_task(TASK)
     wall = next(d for d in DIRS if d not in open_dirs(grid, start))
-    with TurngymClient(base_url=server) as env:
+    with TurngymClient(base_url=server).sync() as env:
         first = env.reset(task_id=TASK, seed=0)
         obs = first.observation
         assert not first.done and obs.task_id == TASK and obs.turn == 0 and "You are in a maze" in obs.text
@@ -93,7 +93,7 @@ def test_openenv_client_plays_a_maze_to_the_goal(server):
 
 
 def test_malformed_calls_are_error_observations_and_the_session_survives(server):
-    with TurngymClient(base_url=server) as env:
+    with TurngymClient(base_url=server).sync() as env:
         env.reset(task_id=TASK)
         bad = [TurngymAction(tool_name="move", arguments="north"), TurngymAction(tool_name="move", arguments=["north"]),
                TurngymAction(tool_name="move", arguments={"dir": "north"}), TurngymAction(tool_name="fly"),
@@ -110,7 +110,7 @@ def test_malformed_calls_are_error_observations_and_the_session_survives(server)
 def test_openenv_generic_client_and_concurrent_sessions(server):
     from openenv.core.generic_client import GenericEnvClient
 
-    with GenericEnvClient(base_url=server) as a, GenericEnvClient(base_url=server) as b:
+    with GenericEnvClient(base_url=server).sync() as a, GenericEnvClient(base_url=server).sync() as b:
         a.reset(task_id=TASK)
         b.reset(task_id="small-test-0001")
         a.step({"tool_name": "move", "arguments": {"direction": "north"}})

@@ -155,8 +155,10 @@ def serve(env_id: str, host: str = "127.0.0.1", port: int = 8000, max_sessions: 
 class TurngymClient(EnvClient[TurngymAction, TurngymObservation, State]):
     """OpenEnv's ``EnvClient`` for a turngym server: typed actions in, typed observations out.
 
-    ``TurngymClient(base_url="http://127.0.0.1:8000")``, then ``reset(task_id=...)`` and
-    ``step(TurngymAction(tool_name=..., arguments={...}))``, each returning OpenEnv's ``StepResult``.
+    ``TurngymClient(base_url="http://127.0.0.1:8000")`` is async (``async with``, ``await env.reset(...)``);
+    ``.sync()`` wraps it for blocking code: ``with TurngymClient(base_url=...).sync() as env``, then
+    ``reset(task_id=...)`` and ``step(TurngymAction(tool_name=..., arguments={...}))``, each returning
+    OpenEnv's ``StepResult``.
     """
 
     def _step_payload(self, action: TurngymAction) -> dict[str, Any]:

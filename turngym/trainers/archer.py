@@ -119,7 +119,10 @@ class ArcherConfig(OnlineConfig):
     awr_min_shift: float = knob(0.05, "a state trains the actor only when its AWR target moves at least this much "
                                       "probability (total variation) away from the policy's own choice among the siblings")
     actor_memory: int = knob(2048, "awr: sibling groups (states with their actions and features) the actor replays from")
-    actor_groups: int = knob(256, "awr: states drawn from the memory for each actor update")
+    actor_groups: int = knob(64, "awr: the states of the memory whose target moves most (at least awr_min_shift) "
+                                 "train each actor update; a sibling below awr_min_weight of its state is left out")
+    awr_min_weight: float = knob(0.05, "awr: a sibling whose share of its state's target is below this is not "
+                                       "trained on (each one costs a forward and backward over its whole prompt)")
     expert_replay: int = knob(0, "the oracle's episodes on N training tasks (the SFT stage's demonstrations) join every "
                                  "actor update with weight 1; 0 = off")
     critic_holdout: float = knob(0.125, "share of the training tasks whose turns the critic never trains on: their "
@@ -177,6 +180,8 @@ class ArcherConfig(OnlineConfig):
             raise ValueError("branch_points, branch_width and branch_depth must be >= 1")
         if self.awr_beta <= 0 or not 0 <= self.awr_min_shift < 1 or min(self.actor_memory, self.actor_groups) < 1:
             raise ValueError("awr_beta must be > 0, awr_min_shift in [0, 1), actor_memory and actor_groups >= 1")
+        if not 0 <= self.awr_min_weight < 1:
+            raise ValueError(f"awr_min_weight must be in [0, 1), got {self.awr_min_weight}")
         if self.awr_values not in ("critic", "returns"):
             raise ValueError(f"awr_values must be critic or returns, got {self.awr_values!r}")
         if not 0 <= self.critic_holdout < 1 or not 0 <= self.critic_gate <= 1:
@@ -570,7 +575,8 @@ class ArcherTrainer(OnlineTrainer):
         """AWR at remembered states: each sibling's likelihood weighted by its share of
         pi*(a|s) ~ pi(a|s) exp(A / beta) (``Fn.sibling_awr_weights``), A from the current critic (or
         the siblings' returns); states where pi* differs from pi by less than ``awr_min_shift`` are
-        skipped; the demonstrations join with weight 1 on every turn."""
+        skipped, the ``actor_groups`` that differ most are kept, and siblings below ``awr_min_weight``
+        of their state are left out; the demonstrations join with weight 1 on every turn."""
         cfg = self.cfg
         if not self.memory:
             return {}
@@ -589,8 +595,9 @@ class ArcherTrainer(OnlineTrainer):
         prior = Fn.sibling_awr_weights(logp, torch.zeros_like(adv), groups, cfg.awr_beta)  # pi on the siblings
         shift = [0.5 * float((w[g] - prior[g]).abs().sum()) for g in groups]
         useful = [i for i, d in enumerate(shift) if d >= cfg.awr_min_shift]
-        pick = torch.randperm(len(useful), generator=self.gen)[: cfg.actor_groups].tolist()
-        rows = [r for i in sorted(useful[j] for j in pick) for r in groups[i] if float(w[r]) > 1e-3]
+        # the states where the critic most wants another reply; ties by memory order (oldest first)
+        pick = sorted(sorted(useful, key=lambda i: -shift[i])[: cfg.actor_groups])
+        rows = [r for i in pick for r in groups[i] if float(w[r]) >= cfg.awr_min_weight]
         turns = [t for e in self.memory for t in e["turns"]]
         data = [turns[r] for r in rows] + self.experts
         weight = [float(w[r]) for r in rows] + [1.0] * sum(len(t.turns) for t in self.experts)
