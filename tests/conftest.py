@@ -21,12 +21,11 @@ if SHARED_DATA.is_dir():  # the data-backed envs and loaders resolve their data 
 
 
 def shared_data_dir() -> Path | None:
-    """``$TURNGYM_DATA`` or ``../shared/data`` when present, else None."""
+    """``$TURNGYM_DATA`` when set (None if it is no folder: ``.ci/bare.sh`` hides the data that
+    way), else ``../shared/data`` when present, else None."""
     env = os.environ.get("TURNGYM_DATA")
-    for p in (Path(env) if env else None, SHARED_DATA):
-        if p is not None and p.is_dir():
-            return p
-    return None
+    p = Path(env) if env else SHARED_DATA
+    return p if p.is_dir() else None
 
 
 @pytest.fixture

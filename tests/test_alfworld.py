@@ -130,3 +130,15 @@ def test_oracle_wins_every_valid_seen_game(data_dir):
     rows = success_by_type(trajs)
     print("\n" + format_table(rows))
     assert rows["all"] == (140, 140), format_table(rows)
+
+
+def test_a_missing_split_names_the_splits_this_copy_holds(tmp_path):
+    (tmp_path / "json_2.1.1" / "valid_unseen").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError) as e:
+        list_games(tmp_path, "train")
+    msg = str(e.value)
+    assert "no ALFWorld split 'train'" in msg and "`--split valid_unseen`" in msg and "`--split test`" not in msg
+    assert "turngym data download alfworld" in msg
+    (tmp_path / "json_2.1.1" / "valid_seen").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"`--split valid_seen`, `--split valid_unseen`, `--split test`"):
+        list_games(tmp_path, "train")

@@ -178,7 +178,7 @@ env_kwargs: {{}}
 train_split: ''
 sft: {{episodes: 2, epochs: 1, batch_size: 2, autocast: none}}
 pg: {{iterations: 2, episodes_per_iter: 2, group_size: 2, num_envs: 2, max_new_tokens: 6, autocast: none}}
-eval: {{split: '', max_new_tokens: 6, num_envs: 4}}
+eval: {{split: '', max_new_tokens: 6, num_envs: 4, allow_train_overlap: true}}  # the toy env has no splits
 """)
     out = tmp_path / "protocol"
     argv = ["--config", str(cfg), "--arm", "rloo", "--arm", "sft_continued", "--seeds", "0", "--games", "3",

@@ -308,3 +308,16 @@ def test_a_rollout_that_fails_drops_its_pool():
         with pytest.raises(RuntimeError, match="policy failed"):
             rollout(Broken(seed=2), factory, episode_specs(["1"], 2), num_envs=2, progress=False, pools=pools)
         assert len(pools) == 0  # its handles may hold a call in flight: closed, reopened on the next use
+
+
+@pytest.mark.parametrize("kind", ["local", "thread", True])
+def test_step_time_is_recorded_by_the_rollout_not_in_the_envs_info(kind):
+    """The env's info holds no clock (equal seeds and actions give equal infos, as Gymnasium's
+    check_env demands); the handle the env runs in times each step into ``Turn.info["elapsed_s"]``."""
+    env = turngym.make("tests/SleepGuess-v0", sleep_s=0.05)
+    _, info = env.reset(seed=0, options={"task_id": "2"})
+    step_info = env.step('<tool_call>{"name": "guess", "arguments": {"number": 1}}</tool_call>')[-1]
+    assert "elapsed_s" not in info and "elapsed_s" not in step_info
+    factory = make_env_factory("tests/SleepGuess-v0", sleep_s=0.05, scripted_hints=True)
+    (traj,) = rollout(OracleAgent(), factory, episode_specs(["2"], 1), workers=kind, progress=False)
+    assert traj.turns[0].info["elapsed_s"] >= 0.05  # the tool's sleep is inside the timed step

@@ -2,6 +2,10 @@
 
 Each subcommand lives in the module that owns its work; this file only parses arguments and
 dispatches, and imports heavy modules lazily so ``turngym envs`` stays instant.
+
+``--env pkg.module:ns/Name-v0`` (eval, train, bench, mcp) imports ``pkg.module`` from the current
+folder first, so a user's own env runs from their project. An error prints one line (what went
+wrong and how to fix it); ``--debug`` prints the traceback instead.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,7 +71,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         max_turns=args.max_turns,
         progress=not args.quiet,
     )
-    out = Path(args.out) if args.out else _default_out(args.env, args.agent)
+    out = _out_path(args.out, args.env, args.agent)
     result.save(out)
     print(format_summary(result.summary, f"{args.env}  agent={args.agent}  split={env_kwargs.get('split', 'default')}"))
     print(f"wrote {out}")
@@ -75,9 +80,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_out(env_id: str, agent: str) -> Path:
+def _default_out(env_id: str, agent: str, folder: Path = Path("runs") / "eval") -> Path:
     safe = lambda s: "".join(c if c.isalnum() or c in "-_." else "_" for c in s)  # noqa: E731
-    return Path("runs") / "eval" / f"{safe(env_id)}__{safe(agent)}__{time.strftime('%Y%m%d-%H%M%S')}.json"
+    return folder / f"{safe(env_id)}__{safe(agent)}__{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def _out_path(out: str | None, env_id: str, agent: str) -> Path:
+    """``--out``: a file path, or a folder (existing, or written with a trailing slash) that gets the
+    default file name."""
+    if not out:
+        return _default_out(env_id, agent)
+    if Path(out).is_dir() or out.endswith(("/", os.sep)):
+        return _default_out(env_id, agent, Path(out))
+    return Path(out)
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
@@ -110,16 +125,23 @@ def _delegate(module: str) -> Any:
     return importlib.import_module(module)
 
 
+ENV_HELP = "env id, e.g. turngym/TextWorld-easy-v0; pkg.module:ns/Name-v0 imports pkg.module (from this folder) first"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="turngym", description="Multi-turn agentic RL gym and trainer.")
+    p.add_argument("--debug", action="store_true", help="print the full traceback of an error")
+    # --debug also after the subcommand; SUPPRESS keeps a subcommand from resetting the top-level flag
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
 
-    e = sub.add_parser("envs", help="list registered environments")
+    e = sub.add_parser("envs", help="list registered environments", parents=[common])
     e.add_argument("--namespace", default=None, help="only ids in this namespace (e.g. turngym)")
     e.set_defaults(func=cmd_envs)
 
-    ev = sub.add_parser("eval", help="evaluate an agent on an environment")
-    ev.add_argument("--env", required=True, help="env id, e.g. turngym/TextWorld-easy-v0")
+    ev = sub.add_parser("eval", help="evaluate an agent on an environment", parents=[common])
+    ev.add_argument("--env", required=True, help=ENV_HELP)
     ev.add_argument("--agent", default="oracle", help="oracle | random | default | hf:PATH | openai:URL#MODEL")
     ev.add_argument("--episodes", type=int, default=20)
     ev.add_argument("--split", default="test", help="task split (train/test); '' for the env's default")
@@ -130,13 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--temperature", type=float, default=0.0, help="LLM agents: 0 = greedy")
     ev.add_argument("--max-new-tokens", type=int, default=64)
     ev.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor override")
-    ev.add_argument("--out", default=None, help="JSON output path (default runs/eval/...)")
+    ev.add_argument("--out", default=None, help="JSON output file, or a folder for the default name (default runs/eval/)")
     ev.add_argument("--print-json", action="store_true", help="also print the summary as JSON")
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
     ev.set_defaults(func=cmd_eval)
 
-    mc = sub.add_parser("mcp", help="serve an env's tools as an MCP server over stdio (reset + step semantics)")
-    mc.add_argument("env", help="env id, e.g. turngym/Maze-v0 (pkg.module:ns/Name-v0 imports pkg.module first)")
+    mc = sub.add_parser("mcp", help="serve an env's tools as an MCP server over stdio (reset + step semantics)",
+                        parents=[common])
+    mc.add_argument("env", help=ENV_HELP)
     mc.add_argument("--split", default=None, help="task split (default: the env's own)")
     mc.add_argument("--max-turns", type=int, default=None, help="override the env's turn limit")
     mc.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor override")
@@ -160,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         mod = _delegate(module)
         if mod is not None:
-            sp = sub.add_parser(name, help=help_)
+            sp = sub.add_parser(name, help=help_, parents=[common])
             mod.add_arguments(sp)
             sp.set_defaults(func=mod.main)
     return p
@@ -169,10 +192,27 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "env", None):
+            import turngym  # noqa: F401  (registers the built-in envs)
+            from turngym.envs.registry import resolve_env_id
+
+            args.env = resolve_env_id(args.env)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a user's mistake or a missing piece: one line, the traceback on request
+        if args.debug:
+            raise
+        print(f"turngym {args.command}: error: {one_line(e)} (--debug shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its type and message, whitespace collapsed (a KeyError's message
+    without the quotes ``str`` adds)."""
+    msg = e.args[0] if isinstance(e, KeyError) and len(e.args) == 1 else str(e)
+    return f"{type(e).__name__}: {' '.join(str(msg).split())}" if msg else type(e).__name__
 
 
 if __name__ == "__main__":

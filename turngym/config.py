@@ -55,7 +55,12 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
             merged = {**(dataclasses.asdict(base) if base is not None else {}), **value}
             value = from_dict(tp, merged, f"{where}{key}.")
         kwargs[key] = _coerce(value, tp, f"{where}{key}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # a section's own check: say which section, e.g. "sft: epochs must be >= 0"
+        if not where:
+            raise
+        raise ValueError(f"{where.rstrip('.')}: {e}") from e
 
 
 def _coerce(value: Any, tp: Any, name: str) -> Any:

@@ -84,7 +84,8 @@ class Protocol:
 
     def __init__(self, args: argparse.Namespace) -> None:
         base = load_yaml(TrainConfig, args.config) if args.config else TrainConfig()
-        self.base = apply_overrides(base, list(args.set) + ["eval.zero_shot=false"])
+        # the held-out games are --games: turngym.train's checks hold the split to that many
+        self.base = apply_overrides(base, list(args.set) + ["eval.zero_shot=false", f"eval.episodes={args.games}"])
         self.args, self.out = args, Path(args.out)
         self.arms = [parse_arm(a) for a in args.arm]
         if not any(a.algo == "sft" for a in self.arms):  # the baseline every arm is compared with

@@ -16,8 +16,9 @@ import functools
 import json
 import os
 import shutil
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,14 +26,16 @@ import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
+from turngym.bench.heldout import SplitCheck, check_splits, describe_overlap, plot_stages
 from turngym.bench.protocol import held_out_table
 from turngym.config import apply_overrides, describe, knob, load_yaml
+from turngym.envs.registry import resolve_env_id
 from turngym.rollout import Collector
 from turngym.trainers.archer import ArcherConfig
 from turngym.trainers.branch_bc import BranchBCConfig
 from turngym.trainers.checkpoint import has_checkpoint
 from turngym.trainers.distributed import DistContext, full_params, is_sharded, model_state_dict
-from turngym.trainers.logger import MetricsLogger, plot_learning_curve
+from turngym.trainers.logger import MetricsLogger
 from turngym.trainers.pg import PGConfig
 from turngym.trainers.registry import algorithm_names, algorithms_help, get_algorithm
 from turngym.trainers.sft import SFTConfig, sft
@@ -49,6 +52,16 @@ class EvalConfig:
                                   "and its 100% invalid actions play every turn: the slowest evaluation)")
     max_new_tokens: int = knob(16, "length cap per utterance")
     num_envs: int = knob(32, "episodes in flight")
+    overlap_check_s: float = knob(10.0, "seconds spent comparing held-out and training task contents "
+                                        "before training (0: task ids only)")
+    allow_train_overlap: bool = knob(False, "train even when held-out tasks are training tasks (a loud "
+                                            "warning, and summary.json's held_out_check lists them)")
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or self.num_envs < 1 or self.max_new_tokens < 1:
+            raise ValueError("episodes, num_envs and max_new_tokens must be >= 1")
+        if self.overlap_check_s < 0:
+            raise ValueError(f"overlap_check_s must be >= 0, got {self.overlap_check_s}")
 
 
 # The quickstart: what `turngym train` runs with no config (see configs/quickstart.yaml for the why
@@ -85,7 +98,8 @@ class TrainConfig:
 
     model: str = knob("default", "policy: default (embedded SmolLM2-135M) | hf:PATH")
     algo: str = knob("branch_bc", "the algorithm after SFT: " + " | ".join(algorithm_names()))
-    env_id: str = knob("turngym/TextWorld-easy-v0", "environment to train on")
+    env_id: str = knob("turngym/TextWorld-easy-v0", "environment to train on (pkg.module:ns/Name-v0 imports "
+                                                   "pkg.module first, which registers it)")
     env_kwargs: dict = knob({"tool_format": "xml"}, "env constructor overrides, for training and evaluation")
     train_split: str = knob("train", "split the trainers play ('' for an env without splits)")
     output_dir: str = knob("runs/quickstart", "checkpoints, metrics, plots, summary.json")
@@ -109,6 +123,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if get_algorithm(self.algo).config is PGConfig and self.pg.algo != self.algo:
             self.pg = PGConfig(**PGConfig.fields_for(self.algo, asdict(self.pg)))
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if not (self.model == "default" or self.model.startswith("hf:")):
+            raise ValueError(f"model must be default or hf:PATH (a model this process can train), got {self.model!r}")
         name, section = rl_section(self)
         if getattr(section, "expert_replay", 0) and section.demo_seed != self.sft.demo_seed:
             raise ValueError(f"{name}.expert_replay replays the SFT stage's demonstrations, but {name}.demo_seed="
@@ -157,6 +175,54 @@ def save_final_model(policy: Any, path: Path, state_dict: dict | None = None) ->
     shutil.rmtree(path, ignore_errors=True)  # a kill from here to the rename leaves no folder: the stage reruns
     tmp.rename(path)
     return path
+
+
+# ----- checks before any CPU is spent ---------------------------------------------------------------
+def preflight(cfg: TrainConfig) -> SplitCheck:
+    """Check what can fail late before training starts: the env id, its constructor kwargs, the
+    split sizes against ``eval.episodes``, an oracle for SFT, and that the held-out tasks are not
+    training tasks (``turngym.bench.heldout``). The knobs' own values are checked as the config is
+    built.
+
+    Returns:
+        The held-out check (recorded in ``summary.json``).
+
+    Raises:
+        ValueError: One line naming the knob and the fix.
+    """
+    train_kwargs = _with_split(cfg.env_kwargs, cfg.train_split)
+    test_kwargs = _with_split(cfg.env_kwargs, cfg.eval.split)
+    try:
+        check = check_splits(cfg.env_id, train_kwargs, test_kwargs, cfg.eval.episodes, budget_s=cfg.eval.overlap_check_s)
+    except TypeError as e:  # a constructor kwarg the env does not take
+        raise ValueError(f"env_kwargs / train_split / eval.split: {cfg.env_id} rejects {sorted(test_kwargs)}: {e}; "
+                         "fix the --set env_kwargs=... (or split) value") from e
+    if not check.train_tasks:
+        raise ValueError(f"train_split={cfg.train_split!r}: {cfg.env_id} has no tasks there; name a split it has "
+                         "(--set train_split=NAME, '' for an env without splits)")
+    if check.split_size < cfg.eval.episodes:
+        raise ValueError(f"eval.episodes={cfg.eval.episodes}: the held-out split {cfg.eval.split!r} of {cfg.env_id} "
+                         f"has {check.split_size} tasks, and a held-out score counts distinct tasks; "
+                         f"--set eval.episodes={check.split_size} (or give the env more test tasks)")
+    if cfg.sft.enabled and not check.train_oracle:
+        raise ValueError(f"sft.enabled: {cfg.env_id} has no oracle_action() for SFT to imitate; "
+                         "--set sft.enabled=false, or give the env an oracle_action()")
+    _refuse_overlap(cfg, check)
+    return check
+
+
+def _refuse_overlap(cfg: TrainConfig, check: SplitCheck) -> None:
+    """A held-out claim on training tasks: refused when ids are shared (unless
+    ``eval.allow_train_overlap``), a loud warning when only the content is."""
+    if check.clean:
+        return
+    what = describe_overlap(check)
+    if check.id_overlap and not cfg.eval.allow_train_overlap:
+        raise ValueError(f"eval.split={cfg.eval.split!r} / train_split={cfg.train_split!r}: not held out: {what}. "
+                         "Make the env give disjoint task ids per split= (train and test), or "
+                         "--set eval.allow_train_overlap=true to train anyway (the summary marks it)")
+    print(f"WARNING: the held-out evaluation is not fully held out: {what}. summary.json's held_out_check "
+          "lists them; a gain measured on these tasks is not a held-out result.", file=sys.stderr, flush=True)
 
 
 def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str, collector: Collector | None = None) -> dict:
@@ -218,6 +284,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     """
     ctx = ctx or DistContext.from_env()
     main = ctx.is_main
+    cfg = replace(cfg, env_id=resolve_env_id(cfg.env_id))  # pkg.module:ns/Name-v0 imports pkg.module
+    check = preflight(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -304,14 +372,16 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
         "held_out_episodes": cfg.eval.episodes,
         "success": {k.removeprefix("eval_"): v["success"] for k, v in stages.data.items() if k.startswith("eval_")},
         "held_out": held_out_table(stages.data),
+        "held_out_check": check.to_dict(),
         "wall_s_this_run": time.perf_counter() - t0,
     }
     if "vs_sft" in summary["held_out"].get("final", {}):
         d = summary["held_out"]["final"]["vs_sft"]
-        say(f"[paired, final - SFT] {d['diff']:+.1%} (95% CI {d['ci95'][0]:+.1%} to {d['ci95'][1]:+.1%}, n={d['n']} games)")
+        say(f"[paired, final - SFT] {d['diff']:+.1%} (95% CI {d['ci95'][0]:+.1%} to {d['ci95'][1]:+.1%}, n={d['n']} games)"
+            + ("" if check.clean else f"  NOT HELD OUT: {describe_overlap(check)}"))
     if main:
         _write_json(out / "summary.json", summary)
-        _stage_plot(stages.data, out / "stages.png", cfg)
+        plot_stages(summary["held_out"], out / "stages.png", f"{cfg.env_id}: held-out success per stage", cfg.algo)
     return summary
 
 
@@ -320,17 +390,11 @@ def _line(tag: str, s: dict) -> str:
     return f"[{tag}] held-out success {s['success']:.1%} (95% CI {lo:.1%}-{hi:.1%}), invalid actions {s['invalid_action_rate']:.1%}"
 
 
-def _stage_plot(data: dict, path: Path, cfg: TrainConfig) -> None:
-    rows = [{"step": i, "stage": k, "held_out_success": v["success"]} for i, (k, v) in enumerate(
-        (k, v) for k, v in data.items() if k.startswith("eval_"))]
-    if rows:
-        plot_learning_curve(rows, path, keys=("held_out_success",), x_key="step",
-                            title=f"{cfg.env_id}: zero-shot -> SFT -> {cfg.algo}")
-
-
 # ----- the command line: turngym train ---------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="YAML config (default: the quickstart, built in)")
+    p.add_argument("--env", default=None, help="env id to train on (env_id); pkg.module:ns/Name-v0 imports "
+                                               "pkg.module from the current folder first")
     p.add_argument("--algo", default=None, help="the algorithm after SFT (default: the config's, branch_bc): "
                    + algorithms_help())
     p.add_argument("--output-dir", default=None, help="where checkpoints, metrics and plots go")
@@ -348,6 +412,8 @@ def main(args: argparse.Namespace) -> int:
     overrides = list(args.set)
     if args.algo:
         overrides.append(f"algo={args.algo}")
+    if args.env:
+        overrides.append(f"env_id={args.env}")
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")
     cfg = apply_overrides(cfg, overrides)

@@ -3,6 +3,7 @@
     turngym bench --suite lmrl --agent oracle
     turngym bench --suite all --agent random --out runs/bench/all_random   # run again to resume
     turngym bench --compare runs/bench/A/results.json runs/bench/B/results.json
+    turngym bench --env my_package.my_envs:mine/Guess-v0 --agent random            # one env of your own
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import sys
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``bench`` options to ``parser``."""
     parser.add_argument("--suite", default=None, help="suite name (--list shows them)")
+    parser.add_argument("--env", default=None, help="bench one env instead of a suite (pkg.module:ns/Name-v0 "
+                                                    "imports pkg.module from the current folder first)")
+    parser.add_argument("--split", default="test", help="with --env: the task split ('' for the env's default)")
     parser.add_argument("--agent", default="oracle", help="oracle | random | default | hf:PATH | openai:URL#MODEL")
     parser.add_argument("--episodes", type=int, default=None, help="episodes per env (overrides the suite's)")
     parser.add_argument("--workers", type=int, default=4, help="episodes in flight per env, each env in a subprocess worker")
@@ -53,14 +57,18 @@ def main(args: argparse.Namespace) -> int:
 
         print(compare_files(*args.compare))
         return 0
-    if not args.suite:
-        print("error: --suite NAME is required (or --compare A B, or --list)", file=sys.stderr)
+    if not args.suite and not getattr(args, "env", None):
+        print("error: --suite NAME or --env ID is required (or --compare A B, or --list)", file=sys.stderr)
         return 2
     import turngym  # noqa: F401  (registers the built-in envs)
     from turngym.agents import make_agent
     from turngym.bench.report import markdown
     from turngym.bench.runner import BenchConfig, BenchError, resolve_out_dir, run_bench
-    from turngym.bench.suites import get_suite
+    from turngym.bench.suites import get_suite, register_suite
+
+    if getattr(args, "env", None):  # a suite of one entry, named after the env
+        register_suite(args.env, [(args.env, args.split, args.episodes or 30)])
+        args.suite = args.env
 
     try:
         get_suite(args.suite)

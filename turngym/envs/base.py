@@ -6,13 +6,12 @@ results as messages. An unparseable or invalid action is a normal step: the agen
 observation and ``info["action_valid"] = False``.
 
 A subclass supplies the task logic through a handful of hooks; the base class owns the
-parse / whitelist / validate / dispatch pipeline, timing and info bookkeeping, so every family
+parse / whitelist / validate / dispatch pipeline and info bookkeeping, so every family
 behaves the same way at the edges.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -22,9 +21,6 @@ from turngym.envs.spaces import MessageSpace, UtteranceSpace
 from turngym.tools.base import Tool, ToolRegistry
 from turngym.tools.formats import ParsedAction, ToolFormat, get_format, run_tools
 from turngym.types import Message, ToolCall, ToolResult
-
-_clock = time.perf_counter  # module-level so tests can freeze it (info["elapsed_s"] is wall time)
-
 
 @dataclass
 class StepOutcome:
@@ -159,7 +155,6 @@ class TextEnv(gym.Env):
             KeyError: ``task_id`` is not a task of this env.
         """
         super().reset(seed=seed)
-        t0 = _clock()
         task_id = (options or {}).get("task_id")
         if task_id is None:
             if not self.task_ids:
@@ -177,7 +172,6 @@ class TextEnv(gym.Env):
             "action_valid": True,
             "state_key": self.state_key(),
             "tool_calls": [],
-            "elapsed_s": _clock() - t0,
         }
         self._add_hints(info)
         return obs, info
@@ -190,12 +184,13 @@ class TextEnv(gym.Env):
 
         Returns:
             ``(messages, reward, terminated, truncated, info)``. ``info`` holds ``action_valid``,
-            ``state_key``, ``elapsed_s`` and ``tool_calls`` plus env-specific keys, and
-            ``truncated_reason`` when the env cut the episode short.
+            ``state_key`` and ``tool_calls`` plus env-specific keys, and ``truncated_reason`` when
+            the env cut the episode short. It holds no wall time, so the same seed and actions
+            give equal infos (Gymnasium's ``check_env`` compares them); the rollout records each
+            step's time in ``Turn.info["elapsed_s"]``.
         """
         if self._task_id is None:
             raise RuntimeError("call reset() before step()")
-        t0 = _clock()
         expert = self.oracle_action() if self.expert_labels else None  # from the state before the action
         self._turn += 1
         parsed, results = run_tools(action, self.tools, self.format, id_prefix=f"t{self._turn}")
@@ -220,7 +215,6 @@ class TextEnv(gym.Env):
         if self.expert_labels:
             info["expert_action"], info["expert_match"] = expert, self._matches(parsed.calls, expert)
         self._add_hints(info)
-        info["elapsed_s"] = _clock() - t0
         return obs, reward, bool(out.terminated), out.truncated_reason is not None, info
 
     def render(self) -> str | None:

@@ -12,6 +12,8 @@ the same entry point and kwargs. A new env gets it by registering; nothing to wr
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -115,3 +117,36 @@ def list_envs(namespace: str | None = None) -> dict[str, str]:
     """Ids registered through turngym (optionally one namespace), each with its description."""
     ids = sorted(i for i in _DESCRIPTIONS if namespace is None or i.startswith(namespace + "/"))
     return {i: describe(i) for i in ids}
+
+
+def resolve_env_id(spec: str) -> str:
+    """The env id of ``spec``, importing the module that registers it first.
+
+    ``"pkg.module:ns/Name-v0"`` imports ``pkg.module`` (searching the current folder too, as
+    ``python -m`` would) and returns ``"ns/Name-v0"``; a plain id is returned as it is. Either way
+    the id must then be registered.
+
+    Raises:
+        ValueError: The module cannot be imported, or the id is not registered; the message says
+            how to fix it.
+    """
+    module, sep, env_id = spec.rpartition(":")
+    if sep:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.append(os.getcwd())  # after the installed packages: a local file never shadows one
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ValueError(f"cannot import {module!r} for env {env_id!r} ({type(e).__name__}: {e}); run from the "
+                             f"folder that holds {module.split('.')[0]!r}, or put it on PYTHONPATH") from e
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as e:
+        if sep:
+            hint = f"; {module} did not register it"
+        elif not env_id.startswith("turngym/"):
+            hint = f"; if your module registers it, name the module too: --env your_package.your_module:{env_id}"
+        else:
+            hint = ""
+        raise ValueError(f"unknown env id {env_id!r} ({e}); `turngym envs` lists the registered ones{hint}") from e
+    return env_id

@@ -121,6 +121,43 @@ def check_reset(env_id: str, task_id: str, seed: int, **kwargs: Any) -> None:
         env.close()
 
 
+@dataclass(frozen=True)
+class Opening:
+    """How a task opens: ``digest`` hashes its reset observation under seed 0 and the oracle's first
+    move; ``oracle`` says whether there is one."""
+
+    digest: str
+    oracle: bool
+
+
+def task_openings(env_id: str, task_ids: list[str], budget_s: float = float("inf"), **kwargs: Any) -> dict[str, Opening]:
+    """Reset each task once (seed 0, ``scripted_hints=True``) and hash its opening, in order until
+    ``budget_s`` seconds are spent; the first task always. Not cached: it is asked once per check.
+
+    Raises:
+        Whatever making or resetting the env raises.
+    """
+    import hashlib
+    import time
+
+    from turngym.envs.registry import make
+
+    env = make(env_id, **{**_probe_kwargs(kwargs), "scripted_hints": True})
+    out: dict[str, Opening] = {}
+    deadline = time.perf_counter() + budget_s
+    try:
+        for tid in task_ids:
+            if out and time.perf_counter() > deadline:
+                break
+            obs, info = env.reset(seed=0, options={"task_id": tid})
+            oracle = info.get("oracle_action")
+            text = repr([(m.role, m.content) for m in obs]) + repr(oracle)
+            out[tid] = Opening(hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest(), oracle is not None)
+    finally:
+        env.close()
+    return out
+
+
 def clear_env_info() -> None:
     """Forget every cached probe (an env whose tasks changed on disk, e.g. newly generated games)."""
     with _LOCK:

@@ -103,11 +103,20 @@ def handle_kind(workers: bool | str) -> str:
     return workers
 
 
+def timed(call: Callable[..., tuple], *args: Any, **kw: Any) -> tuple:
+    """``env.reset`` or ``env.step`` with the call's wall time added to its info as ``elapsed_s``,
+    measured where the env runs. The env's own info holds no clock (equal seeds and actions must
+    give equal infos: Gymnasium's ``check_env`` compares them), so the rollout times it here."""
+    t0 = time.perf_counter()
+    *head, info = call(*args, **kw)
+    return (*head, {**info, "elapsed_s": time.perf_counter() - t0})
+
+
 def _bind(env: gym.Env, cmd: str, payload: Any) -> Callable[[], Any]:
     if cmd == "reset":
-        return lambda: env.reset(**(payload or {}))
+        return lambda: timed(env.reset, **(payload or {}))
     if cmd == "step":
-        return lambda: env.step(payload)
+        return lambda: timed(env.step, payload)
     if cmd == "describe":
         return lambda: describe_env(env)
     raise ValueError(f"unknown env command {cmd!r}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from turngym.rollout.handles import BlockingCalls, EnvCrashed, EnvFactory, describe_env, register_handle_kind
+from turngym.rollout.handles import BlockingCalls, EnvCrashed, EnvFactory, describe_env, register_handle_kind, timed
 
 
 def require_ray():
@@ -54,10 +54,10 @@ class _EnvActor:
         return True
 
     def reset(self, kw: dict) -> tuple:
-        return self.env.reset(**kw)
+        return timed(self.env.reset, **kw)
 
     def step(self, action: Any) -> tuple:
-        return self.env.step(action)
+        return timed(self.env.step, action)
 
     def describe(self) -> dict[str, Any]:
         return describe_env(self.env)

@@ -72,7 +72,7 @@ def list_games(root: Path, split: str, *, solvable_only: bool = True) -> list[Al
         raise ValueError(f"unknown ALFWorld split {split!r}; choose from {', '.join(SPLITS)}")
     folder = root / "json_2.1.1" / SPLITS[split]
     if not folder.is_dir():
-        raise FileNotFoundError(f"no ALFWorld split {SPLITS[split]!r} at {folder}; run `turngym data download alfworld`")
+        raise FileNotFoundError(missing_split_message(root, split))
     games = []
     for path in sorted(folder.glob("*/*/game.tw-pddl")):
         task_dir, trial_dir = path.parent.parent.name, path.parent.name
@@ -87,3 +87,15 @@ def _solvable(path: Path) -> bool:
         return bool(json.loads(path.read_text()).get("solvable", True))
     except (OSError, ValueError):
         return False
+
+
+def missing_split_message(root: Path, split: str) -> str:
+    """Why ``split`` cannot load from ``root``, naming the splits this copy does hold (e.g. a copy of
+    only ``valid_unseen``: ``--split valid_unseen``) and how to get the rest."""
+    folder = root / "json_2.1.1" / SPLITS[split]
+    present = sorted({name for name, sub in SPLITS.items() if (root / "json_2.1.1" / sub).is_dir()} - {"test"})
+    if "valid_seen" in present:
+        present.append("test")  # test is valid_seen under its other name
+    have = ("; this copy holds " + ", ".join(f"`--split {p}`" for p in present) + " (`split=` in Python)"
+            if present else "")
+    return f"no ALFWorld split {SPLITS[split]!r} at {folder}{have}; `turngym data download alfworld` fetches every split"
