@@ -150,7 +150,7 @@ class Collector:
 
     # ----- playing --------------------------------------------------------------------------------
     def play(self, env: EnvTarget, specs: list[EpisodeSpec], sampling: SamplingParams | None = None, *,
-             num_envs: int = 8, policy: Any = None, metadata: dict | None = None, progress: bool = False,
+             num_envs: int = 8, policy: Any = None, metadata: dict | None = None, progress: bool | str = False,
              pooled: bool = True) -> list[Trajectory]:
         """Play ``specs`` on ``env`` (``rollout``), with envs from the pool (``pooled``) or opened
         and closed here. ``policy``: who plays (default: ``generator()``)."""
@@ -159,7 +159,8 @@ class Collector:
                        metadata=metadata, pools=self.pools if pooled else None)
 
     def collect(self, env: EnvTarget, specs: list[EpisodeSpec], sampling: SamplingParams, *, num_envs: int,
-                group_size: int = 1, version: Any = None) -> tuple[list[Trajectory], dict[str, float]]:
+                group_size: int = 1, version: Any = None,
+                progress: bool | str = False) -> tuple[list[Trajectory], dict[str, float]]:
         """A trainer's iteration: this rank's share of ``specs`` (whole groups), played with the
         current weights.
 
@@ -174,7 +175,7 @@ class Collector:
             policy.invalidate_caches()
         sampling = dataclasses.replace(sampling, seed=ctx.rank_seed(sampling.seed))  # ranks must not sample alike
         t0 = time.perf_counter()
-        trajs = self.play(env, specs, sampling, num_envs=num_envs, policy=policy)
+        trajs = self.play(env, specs, sampling, num_envs=num_envs, policy=policy, progress=progress)
         metrics = rollout_metrics(trajs, time.perf_counter() - t0)
         metrics = ctx.all_reduce_metrics(metrics, weight=len(trajs), sum_keys=("rollout/env_steps", "rollout/tokens_per_s"))
         if self.engine is not None:
@@ -241,11 +242,12 @@ class Collector:
 
     # ----- search and demonstrations ----------------------------------------------------------------
     def branch_search(self, env: EnvTarget, roots: list[tuple[EpisodeSpec, Trajectory]], *, points: int, width: int,
-                      depth: int, max_new_tokens: int, num_envs: int, by: str = "state_key") -> list[Trajectory]:
+                      depth: int, max_new_tokens: int, num_envs: int, by: str = "state_key",
+                      progress: bool | str = False) -> list[Trajectory]:
         """Branches of the failed ``roots`` (``branching.branch_search``), played by the policy itself."""
         return branch_search(self.policy, env.factory(), roots, stops=list(env.info.stop_strings), points=points,
                              width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs,
-                             workers=self.workers, pools=self.pools, by=by)
+                             workers=self.workers, pools=self.pools, by=by, progress=progress)
 
     def tree_rollout(self, env: EnvTarget, specs: list[EpisodeSpec], *, roots: list[Trajectory] | None = None,
                      points: int, width: int, depth: int, max_new_tokens: int, num_envs: int,

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from turngym.agents.packed import native_bf16
+from turngym.clock import CLOCK
 from turngym.trainers import functional as Fn
 from turngym.trainers.distributed import DistContext, is_sharded
 from turngym.trainers.sequences import PackedBatch, score, score_forward
@@ -124,6 +125,7 @@ def reference_pass(ref: torch.nn.Module, batch: PackedBatch, hidden: bool, mode:
     return out.logprobs.float(), None if out.hidden is None else out.hidden.float()
 
 
+@CLOCK.timed("update")
 def actor_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from turngym.clock import CLOCK, bar
+
 SPLITS = ("train", "test")
 INDEX = "index.json"
 # Seeds are split_base + level_base + candidate; each range holds 10**6 candidates, so no seed is
@@ -213,7 +215,8 @@ def ensure_games(level: str, split: str, num_games: int | None = None, root: str
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             index = read_index(folder)
             if not _index_ok(index, suite, n):
-                _run_generator(level, split, n, folder)
+                with CLOCK.kind("game_generation"):
+                    _run_generator(level, split, n, folder)
                 index = read_index(folder)
     if not _index_ok(index, suite, n):
         raise RuntimeError(f"TextWorld game generation left an incomplete index in {folder}")
@@ -258,10 +261,8 @@ def _run_generator(level: str, split: str, n: int, folder: Path) -> None:
 def _wait_with_progress(proc: subprocess.Popen, folder: Path, have: int, n: int, limit: float) -> int | None:
     """The child's exit code, with a progress bar fed by the index it writes after every game;
     ``None`` (the child killed) past ``limit`` seconds."""
-    from tqdm.auto import tqdm
-
     deadline = time.monotonic() + limit
-    with tqdm(total=n - have, desc="games", unit="game", leave=False) as bar:
+    with bar(n - have, f"generating {folder.parent.name}/{folder.name} games", "game") as progress:
         while True:
             try:
                 code = proc.wait(timeout=1.0)
@@ -269,7 +270,7 @@ def _wait_with_progress(proc: subprocess.Popen, folder: Path, have: int, n: int,
                 code = None
             index = read_index(folder) or {}
             done = len(index.get("games", [])) or have
-            bar.update(max(0, min(n, done) - have - bar.n))
+            progress.update(max(0, min(n, done) - have - progress.n))
             if code is not None:
                 return code
             if time.monotonic() > deadline:
