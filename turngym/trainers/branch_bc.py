@@ -41,12 +41,12 @@ from turngym.rollout import Collector, EnvTarget, EpisodeSpec
 from turngym.rollout.branching import BRANCH_BY
 from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
-from turngym.trainers.actor import frozen_copy, prepare_trainable, use_bf16
+from turngym.trainers.actor import autocast, frozen_copy, prepare_trainable, use_bf16
 from turngym.trainers.distributed import DistContext, load_model_state_dict, model_state_dict
 from turngym.trainers.likelihood import likelihood_step, optimizer_steps
 from turngym.trainers.loop import IterativeTrainer
 from turngym.trainers.registry import Algorithm, register_algorithm
-from turngym.trainers.sequences import pack_batch
+from turngym.trainers.sequences import frozen_prefix, pack_batch
 from turngym.types import Trajectory
 
 
@@ -215,6 +215,8 @@ class BranchBCTrainer(IterativeTrainer):
         valid = torch.tensor([float(action_status(data[ti].turns[k]) == "valid") for ti, k in batch.turn_refs])
         weights = Fn.broadcast_to_tokens(valid, batch.token_turn)
         rows, micro = batch.input_ids.shape[0], cfg.micro_batch_size or cfg.minibatch_size
+        if cfg.actor_epochs > 1:  # the frozen lower blocks' output, once for every epoch (trainable: top:K)
+            batch = frozen_prefix(self.model, batch, micro, lambda: autocast(self.model, cfg.autocast))
         self.model.train()
         sums: dict[str, float] = {}
         steps = 0
