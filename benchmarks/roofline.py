@@ -8,9 +8,10 @@ and the SFT step reach on the embedded SmolLM2-135M, in one run.
    where native) for ``--sft-epochs`` epochs on the base model: its update-loop seconds.
 3. **Generation.** A held-out evaluation as ``turngym train`` plays it (TextWorld-easy test games,
    greedy, xml tools, 16 tokens a turn, 32 in flight) with the quickstart's SFT weights. Every packed
-   forward is timed and counted: a call that feeds one token per row is decode, any other prefill
-   (a turn's new prompt tokens, or the branch search's scoring). Cached tokens are not counted: they
-   are not recomputed.
+   forward is timed and counted: a call that feeds one token per row, or that checks drafted tokens
+   (``agents/lookahead.py``: logits at every fed position), is decode; any other prefill (a turn's new
+   prompt tokens). Cached tokens are not counted: they are not recomputed. Rejected drafts are
+   counted: they are computed.
 4. **Actor update.** Branch BC's clone update (``BranchBCTrainer.clone``, minibatches of 4
    episodes, top 8 blocks) for ``--update-epochs`` passes over the evaluation's episodes.
 
@@ -146,7 +147,8 @@ class ForwardMeter:
             lens = [len(x) for x in new]
             t0 = time.perf_counter()
             out = original(engine, caches, new, tail)
-            row = meter.rows["decode" if max(lens) == 1 else "prefill"]
+            drafted = tail is not None and list(tail) == lens  # a greedy step checking drafts (agents/lookahead.py)
+            row = meter.rows["decode" if max(lens) == 1 or drafted else "prefill"]
             row["seconds"] += time.perf_counter() - t0
             row["calls"] += 1
             row["tokens"] += sum(lens)
@@ -283,6 +285,8 @@ def measure_generation_and_update(args) -> dict:
     gen = meter.summary()
     gen_flops = (gen["prefill"]["gflop"] + gen["decode"]["gflop"])
     generation = {**gen, "eval_wall_s": wall, "act_s": act_s[0], "success": res.summary["success"],
+                  "sampled_tokens": policy.stats.get("sampled_tokens", 0), "drafted": policy.stats.get("drafted", 0),
+                  "accepted": policy.stats.get("accepted", 0),
                   "forward_gflops": gen_flops / max(1e-9, gen["prefill"]["seconds"] + gen["decode"]["seconds"]),
                   "act_gflops": gen_flops / act_s[0]}
 
