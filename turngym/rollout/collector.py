@@ -22,6 +22,7 @@ Trainers keep learning only: they ask the Collector for episodes and never build
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import itertools
@@ -134,6 +135,7 @@ class Collector:
         self.engine: Any = None  # the VLLMRollouts, once built
         self._synced = False  # whether the last generator() call pushed weights
         self._stream: AsyncCollector | None = None
+        self._demos: dict[tuple, list[Trajectory]] = {}  # demonstrations() by its arguments
 
     # ----- the generation engine -----------------------------------------------------------------
     def generator(self, version: Any = None) -> Any:
@@ -262,10 +264,20 @@ class Collector:
                        num_envs: int = 8) -> list[Trajectory]:
         """The env's oracle on ``episodes`` training tasks (``demo_task_ids``), recorded as the
         policy's own tokens while it plays (``agents.scripted.Demonstrator``); successes only.
+        The oracle and the chat layout are fixed, so a run's later calls with the same arguments
+        (branch BC's ``expert_replay`` replays the SFT stage's demonstrations) get copies of the
+        first call's episodes instead of starting envs to play them again.
 
         Raises:
             RuntimeError: the oracle solved none of them.
         """
+        key = (env.env_id, repr(sorted(env.kwargs.items())), episodes, seed, demo_seed)
+        if key not in self._demos:
+            self._demos[key] = self._play_demonstrations(env, episodes, seed, demo_seed, num_envs)
+        return copy.deepcopy(self._demos[key])
+
+    def _play_demonstrations(self, env: EnvTarget, episodes: int, seed: int, demo_seed: int,
+                             num_envs: int) -> list[Trajectory]:
         from turngym.agents.scripted import Demonstrator, OracleAgent
 
         hinted = EnvTarget(env.env_id, {**env.kwargs, "scripted_hints": True})  # the oracle plays without run limits
