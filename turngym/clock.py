@@ -4,8 +4,9 @@
 
 - the stage is what the pipeline is doing (``sft``, ``eval_sft``, ``branch_bc/search``, ...),
   named by ``CLOCK.stage(name)``; stages nest (``branch_bc`` holds ``branch_bc/screen``);
-- the kind is the work at hand (``generation``, ``env_step``, ``env_startup``, ``update``,
-  ``game_generation``), named by ``CLOCK.kind(name)`` where that work is done; an inner kind
+- the kind is the work at hand (``generation``; ``env_step``; ``env_startup``: opening envs and
+  resetting them, where a new TextWorld env starts its engine; ``update``; ``game_generation``),
+  named by ``CLOCK.kind(name)`` where that work is done; an inner kind
   pauses the outer one, so the kinds of a stage add up to its wall time. Time under no kind is
   ``other`` (Python bookkeeping, batching, checkpoints, logging).
 

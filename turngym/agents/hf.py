@@ -38,8 +38,8 @@ import torch
 
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.agents.chat import ChatRenderer, chatml_tools_template
-from turngym.agents.lookahead import greedy_with_drafts
 from turngym.agents.kvcache import RowCache, common_prefix, split, stack, supports_reuse
+from turngym.agents.lookahead import greedy_with_drafts
 from turngym.agents.packed import PackedLM, SlotCache, native_bf16
 from turngym.agents.sampling import StopChecker, make_generators, row_seeds, sample_next
 from turngym.tools.formats import format_stops
