@@ -19,6 +19,7 @@ of that is missing, ``spawn`` returns ``None`` and the caller starts a fresh int
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
@@ -127,6 +128,14 @@ class ForkServer:
 
 _SERVERS: dict[tuple, ForkServer] = {}
 _SERVERS_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_servers() -> None:
+    """Stop this process's servers at exit (their children then exit by themselves)."""
+    for key, server in list(_SERVERS.items()):
+        if key[0] == os.getpid():  # a forked worker does not own its parent's servers
+            server.close()
 
 
 def spawn_engine_child(serve: str, preload: tuple[str, ...], deadline_s: float) -> tuple[ForkedChild, Connection] | None:
