@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from turngym.agents.base import Policy, SamplingParams
-from turngym.clock import CLOCK
+from turngym.clock import CLOCK, bar
 from turngym.rollout.episode import EpisodeSpec
 from turngym.rollout.sync import rollout
 from turngym.types import Message, Trajectory
@@ -109,9 +109,8 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
     for level_no in range(depth):
         at = [(spec, traj, j, node) for spec, traj, after, node in level if traj.task_id not in solved
               for j in branch_points(traj, points, after, by)]
-        with CLOCK.kind("generation"):
-            alts = policy.alternatives([t.prompt_ids(j) for _, t, j, _ in at],
-                                       [t.action_ids(j) for _, t, j, _ in at], width, stops, max_new_tokens) if at else []
+        name = f"{progress if isinstance(progress, str) else 'search'} {level_no + 1}/{depth}"
+        alts = _alternatives(policy, at, width, stops, max_new_tokens, f"{name} runner-ups" if progress else None)
         specs, turns = [], []
         for (spec, traj, j, node), replies in zip(at, alts):
             for alt in replies:  # the branch shares traj's record up to turn j, then plays alt there
@@ -119,7 +118,6 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
                 turns.append((j, node))
         if not specs:
             break
-        name = f"{progress if isinstance(progress, str) else 'search'} {level_no + 1}/{depth}"
         played = rollout(policy, make_env, specs, sampling=greedy, num_envs=num_envs, workers=workers,
                          progress=name if progress else False, pools=pools)
         kept = []
@@ -131,6 +129,20 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
         solved |= {t.task_id for _, t, _ in kept if t.success}
         level = [(s, t, t.metadata["branch_turn"] + 1, node) for s, t, node in kept if not t.success]
     return found
+
+
+def _alternatives(policy: Policy, at: list, width: int, stops: Sequence[str], max_new_tokens: int,
+                  bar_name: str | None, chunk: int = 16) -> list[list]:
+    """``policy.alternatives`` at every branch point of ``at``, ``chunk`` points a call, so a bar
+    (``bar_name``) can show the scoring of long prompts move."""
+    out: list[list] = []
+    with bar(len(at), bar_name or "", "point", disable=bar_name is None) as shown, CLOCK.kind("generation"):
+        for i in range(0, len(at), chunk):
+            part = at[i : i + chunk]
+            out += policy.alternatives([t.prompt_ids(j) for _, t, j, _ in part], [t.action_ids(j) for _, t, j, _ in part],
+                                       width, stops, max_new_tokens)
+            shown.update(len(part))
+    return out
 
 
 @dataclass
