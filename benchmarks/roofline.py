@@ -303,7 +303,25 @@ def measure_generation_and_update(args) -> dict:
     flops = batch_flops(shape, data, policy.pad_id, k, args.update_epochs, _frozen_prefix_supported())
     update = {"seconds": s, "epochs": args.update_epochs, "episodes": len(data), "gflop": flops / 1e9,
               "gflops": flops / 1e9 / s}
-    return {"generation": generation, "update": update}
+    out = {"generation": generation, "update": update}
+    if args.profile:  # where the time goes inside: the top operators of an evaluation and of a clone pass
+        out["profile"] = {
+            "generation": top_ops(lambda: evaluate(cfg.env_id, policy, episodes=8, seed=10_000, distinct=True,
+                                                   progress=False, env_kwargs={**cfg.env_kwargs, "split": cfg.eval.split},
+                                                   num_envs=8, sampling=SamplingParams(temperature=0.0, max_new_tokens=16))),
+            "update": top_ops(lambda: trainer.clone(data[:8]))}
+    return out
+
+
+def top_ops(fn, n: int = 8) -> list[tuple[str, float]]:
+    """``fn``'s top ``n`` torch operators by their own CPU time, as (name, share of all operator time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in rows) or 1
+    return [(e.key, e.self_cpu_time_total / total) for e in rows[:n]]
 
 
 # ----- the report --------------------------------------------------------------------------------
@@ -353,6 +371,7 @@ def run_version(tree: str, args) -> dict:
     """Measure the turngym in ``tree`` in a fresh process."""
     cmd = [sys.executable, __file__, "--child", "--games", str(args.games), "--weights", args.weights,
            "--sft-epochs", str(args.sft_epochs), "--update-epochs", str(args.update_epochs), "--tmp", args.tmp]
+    cmd += ["--profile"] if args.profile else []
     env = {**os.environ, "PYTHONPATH": tree}
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(next(line for line in out.splitlines() if line.startswith("ROOFLINE "))[9:])
@@ -367,6 +386,8 @@ def main() -> None:
     p.add_argument("--compare", default=None, help="a checkout of the version to compare against (measured first)")
     p.add_argument("--rounds", type=int, default=1, help="with --compare: A B rounds")
     p.add_argument("--tmp", default="/tmp/turngym-roofline")
+    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
+                   help="also the top operators of generation and the update")
     p.add_argument("--docs", default=None, help="also write the table into this markdown file (between markers)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -381,6 +402,9 @@ def main() -> None:
     # each version's best round: the machine is shared, and other jobs only ever slow a round down
     best = {n: max(rs, key=lambda r: r["generation"]["forward_gflops"]) for n, rs in runs.items()}
     text = table(best)
+    for name, r in best.items():
+        for part, ops in r.get("profile", {}).items():
+            text += f"\n\n{name}, {part}: " + ", ".join(f"{k} {share:.0%}" for k, share in ops)
     print(text)
     if args.docs:
         write_section(Path(args.docs), text)

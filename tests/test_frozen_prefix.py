@@ -87,3 +87,23 @@ def test_no_prefix_where_it_would_not_be_exact(tiny_tokenizer):
     b = PackedBatch(ids, torch.ones_like(ids), torch.zeros(1, 4, dtype=torch.bool), ids, torch.zeros(0),
                     torch.zeros(0, dtype=torch.long), torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 2, dtype=torch.long))
     assert frozen_prefix(batch_model, b, 1) is b
+
+
+def test_right_padded_batches_run_without_a_mask_and_score_the_same(deep, demos):
+    from turngym.trainers.sequences import causal_kernel_mask
+
+    right = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]])
+    assert causal_kernel_mask(right) is None and causal_kernel_mask(torch.ones(2, 4)) is None
+    left = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    assert causal_kernel_mask(left) is left
+    batch = pack_batch(demos, deep.pad_id)
+    assert bool((batch.attention_mask == 0).any())  # rows of different lengths: there is padding
+    with torch.no_grad():
+        got = score(deep.model, batch).logprobs
+        want = []
+        for r in range(batch.input_ids.shape[0]):  # each row alone, unpadded, through the model itself
+            n = int(batch.attention_mask[r].sum())
+            logits = deep.model(input_ids=batch.input_ids[r : r + 1, :n]).logits[0].log_softmax(-1)
+            m = batch.score_mask[r, :n]
+            want.append(logits[m].gather(-1, batch.targets[r, :n][m][:, None])[:, 0])
+    torch.testing.assert_close(got, torch.cat(want), atol=1e-5, rtol=1e-5)

