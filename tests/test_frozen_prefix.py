@@ -97,7 +97,11 @@ def test_right_padded_batches_run_without_a_mask_and_score_the_same(deep, demos)
     left = torch.tensor([[0, 1, 1], [1, 1, 1]])
     assert causal_kernel_mask(left) is left
     batch = pack_batch(demos, deep.pad_id)
-    assert bool((batch.attention_mask == 0).any())  # rows of different lengths: there is padding
+    for r, cut in ((1, 7), (3, 12)):  # rows of different lengths: cut two short, right-padded
+        n = int(batch.attention_mask[r].sum())
+        batch.attention_mask[r, n - cut:] = 0
+        batch.input_ids[r, n - cut:] = deep.pad_id
+        batch.score_mask[r, n - cut - 1:] = False
     with torch.no_grad():
         got = score(deep.model, batch).logprobs
         want = []
