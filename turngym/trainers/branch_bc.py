@@ -215,12 +215,14 @@ class BranchBCTrainer(IterativeTrainer):
         valid = torch.tensor([float(action_status(data[ti].turns[k]) == "valid") for ti, k in batch.turn_refs])
         weights = Fn.broadcast_to_tokens(valid, batch.token_turn)
         rows, micro = batch.input_ids.shape[0], cfg.micro_batch_size or cfg.minibatch_size
+        fit_bar = bar(cfg.actor_epochs * -(-rows // cfg.minibatch_size), "fit", "step", disable=not self.progress)
         if cfg.actor_epochs > 1:  # the frozen lower blocks' output, once for every epoch (trainable: top:K)
-            batch = frozen_prefix(self.model, batch, micro, lambda: autocast(self.model, cfg.autocast))
+            batch = frozen_prefix(self.model, batch, micro, lambda: autocast(self.model, cfg.autocast),
+                                  on_chunk=lambda done, n: fit_bar.set_postfix_str(f"frozen blocks {done}/{n} episodes"))
+            fit_bar.set_postfix_str("")
         self.model.train()
         sums: dict[str, float] = {}
         steps = 0
-        fit_bar = bar(cfg.actor_epochs * -(-rows // cfg.minibatch_size), "fit", "step", disable=not self.progress)
         for _ in range(cfg.actor_epochs):
             order = torch.randperm(rows, generator=self.gen).tolist()
             for i in range(0, rows, cfg.minibatch_size):

@@ -339,7 +339,8 @@ def _split_agrees(model: torch.nn.Module, k: int) -> bool:
 
 
 @torch.no_grad()
-def frozen_prefix(model: torch.nn.Module, batch: PackedBatch, chunk_rows: int, autocast: Any = None) -> PackedBatch:
+def frozen_prefix(model: torch.nn.Module, batch: PackedBatch, chunk_rows: int, autocast: Any = None,
+                  on_chunk: Any = None) -> PackedBatch:
     """``batch`` carrying the output of the model's frozen lower blocks (``frozen_blocks``) at every
     position (``PackedBatch.prefix``), computed now, ``chunk_rows`` rows at a time (each chunk cut to
     its longest row, as ``select_rows`` cuts a micro-batch); ``batch`` itself when no block is frozen.
@@ -349,6 +350,7 @@ def frozen_prefix(model: torch.nn.Module, batch: PackedBatch, chunk_rows: int, a
         batch: The episodes of a fit.
         chunk_rows: Rows per forward.
         autocast: A context-manager factory for the forward (the update's mixed precision), or None.
+        on_chunk: Called as ``on_chunk(rows_done, rows)`` after each chunk (a progress bar's postfix).
     """
     k = frozen_blocks(model)
     if k == 0:
@@ -369,6 +371,8 @@ def frozen_prefix(model: torch.nn.Module, batch: PackedBatch, chunk_rows: int, a
             if out is None:
                 out = h.new_zeros(batch.input_ids.shape[0], batch.input_ids.shape[1], h.shape[-1])
             out[i : i + len(rows), :width] = h
+            if on_chunk is not None:
+                on_chunk(i + len(rows), batch.input_ids.shape[0])
     finally:
         model.train(training)
     return dataclasses.replace(batch, prefix=(id(model), k, out))
