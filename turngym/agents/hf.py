@@ -398,7 +398,7 @@ class HFPolicy:
         checkers = [StopChecker(self.tokenizer, s) for s in stops]
         if sampling.temperature == 0 and self.draft_tokens > 0:
             greedy_with_drafts(engine, rows, logits, lambda i, t, lp: self._push(gens[i], t, lp, 0.0, checkers[i], caps[i]),
-                               lambda i: caps[i] - len(gens[i].action_ids), self.draft_tokens, self.stats)
+                               lambda i: caps[i] - len(gens[i].action_ids), self.draft_tokens, self.stats, self.end_ids)
             self.stats["sampled_tokens"] += sum(len(g.action_ids) for g in gens)
             return gens, rows if self.reuse_cache else [None] * len(prompts)
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)).item())

@@ -48,7 +48,7 @@ def draft(seq: list[int], k: int, max_ngram: int = 3) -> list[int]:
 
 @torch.no_grad()
 def greedy_with_drafts(engine: Any, caches: list[Any], logits: torch.Tensor, push: Callable[[int, int, float], bool],
-                       room: Callable[[int], int], k: int, stats: dict) -> None:
+                       room: Callable[[int], int], k: int, stats: dict, end_ids: Any = ()) -> None:
     """Finish every row greedily, ``k`` drafted tokens per forward at most.
 
     Args:
@@ -60,6 +60,7 @@ def greedy_with_drafts(engine: Any, caches: list[Any], logits: torch.Tensor, pus
         room: ``room(row)`` how many more tokens the row may still take (after the ones pushed).
         k: Draft tokens per row and forward.
         stats: Gets ``decode_steps`` (forwards) and ``drafted``/``accepted`` token counts.
+        end_ids: Tokens that end a reply: a draft stops after one (nothing past it could be kept).
 
     Leaves each cache holding the prompt and the reply but its last token, as one-token decoding
     does (a rejected draft, or a last token fed as a draft, is cut off).
@@ -72,8 +73,10 @@ def greedy_with_drafts(engine: Any, caches: list[Any], logits: torch.Tensor, pus
         rows, feeds = [], []
         for i, t, lp in zip(live, toks.tolist(), raw.tolist()):
             if push(i, t, lp):
+                d = draft(caches[i].ids + [t], min(k, room(i)))
+                cut = next((j + 1 for j, x in enumerate(d) if x in end_ids), len(d))
                 rows.append(i)
-                feeds.append([t] + draft(caches[i].ids + [t], min(k, room(i))))
+                feeds.append([t] + d[:cut])
         if not rows:
             return
         past = [len(caches[i].ids) for i in rows]
