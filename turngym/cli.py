@@ -1,4 +1,4 @@
-"""``turngym`` command line: ``envs | eval | train | protocol | bench | data | mcp``.
+"""``turngym`` command line: ``envs | eval | train | protocol | bench | data | mcp | openenv``.
 
 Each subcommand lives in the module that owns its work; this file only parses arguments and
 dispatches, and imports heavy modules lazily so ``turngym envs`` stays instant.
@@ -90,6 +90,19 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_openenv(args: argparse.Namespace) -> int:
+    try:
+        from turngym.integrations.openenv import serve
+    except ImportError as e:  # the extra is missing: say which, without a traceback
+        raise SystemExit(f"error: {e}") from None
+
+    env_kwargs = _kv(args.env_arg)
+    if args.split:
+        env_kwargs["split"] = args.split
+    serve(args.env, args.host, args.port, args.max_sessions, args.max_turns, env_kwargs)
+    return 0
+
+
 def _delegate(module: str) -> Any:
     """Subcommands owned by other modules: ``module.add_arguments(parser)`` and ``module.main(args)``."""
     if importlib.util.find_spec(module) is None:
@@ -128,6 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     mc.add_argument("--max-turns", type=int, default=None, help="override the env's turn limit")
     mc.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor override")
     mc.set_defaults(func=cmd_mcp)
+
+    oe = sub.add_parser("openenv", help="serve an env over OpenEnv's protocol (HTTP + WebSocket sessions)")
+    oe.add_argument("env", help="env id, e.g. turngym/Maze-v0 (pkg.module:ns/Name-v0 imports pkg.module first)")
+    oe.add_argument("--host", default="127.0.0.1")
+    oe.add_argument("--port", type=int, default=8000)
+    oe.add_argument("--max-sessions", type=int, default=8, help="concurrent WebSocket sessions, one env each")
+    oe.add_argument("--split", default=None, help="task split (default: the env's own)")
+    oe.add_argument("--max-turns", type=int, default=None, help="override the env's turn limit")
+    oe.add_argument("--env-arg", action="append", metavar="KEY=VALUE", help="env constructor override")
+    oe.set_defaults(func=cmd_openenv)
 
     for name, module, help_ in (
         ("train", "turngym.train", "train a policy (SFT warm start, ArCHer, GRPO, ...)"),

@@ -59,8 +59,11 @@ def _quickstart_sft() -> SFTConfig:
 
 
 def _quickstart_archer() -> ArcherConfig:
-    return ArcherConfig(iterations=8, episodes_per_iter=16, num_envs=16, max_new_tokens=16, trainable="top:8",
-                        actor_lr=2e-5, critic_updates=50, critic_warmup=100, kl_coef=0.01)
+    # the branch stage's search (screen 64 games, runner-ups at 2 points, 3 wide, 2 deep) feeds the critic;
+    # AWR at the states where the tree holds several replies, fitted like the clones (lr 3e-4, 8 passes)
+    return ArcherConfig(iterations=1, episodes_per_iter=64, num_envs=64, max_state_visits=3, max_new_tokens=16,
+                        trainable="top:8", branch_by="state_key", actor_lr=3e-4, actor_epochs=8, minibatch_size=4,
+                        micro_batch_size=4, expert_replay=8, critic_updates=500)
 
 
 def _quickstart_branch() -> BranchBCConfig:

@@ -23,12 +23,15 @@ One iteration (``collect="tree"``, the default):
    Q(s, a) - V(s) is learned from. Shared prefixes count once: a branch adds only its own turns.
 2. rewards: the reward transforms (env, format, G-RA, SPA...) per turn.
 3. features: one reference forward per episode gives phi(s), phi(s, a) for every turn.
-4. critic: the turns go to the replay buffer, then N TD updates. The turns of a fixed share of the
-   training tasks (``critic_holdout``) never do: the critic is scored on their sibling pairs, out of
-   sample (``critic/sibling_auc``: how often Q - V ranks the sibling that earned more first).
-5. actor: AWR over episodes from the actor's memory (this and earlier iterations), plus the SFT
-   stage's ``expert_replay`` demonstrations, only while the sibling AUC is at least ``critic_gate``:
-   a critic at chance does not drive the actor.
+4. critic: the turns go to the replay buffer, then N TD updates. Before they do, the iteration's
+   sibling pairs are scored out of sample by two side copies of the critic, each trained without
+   one half of the tasks (``critic/sibling_auc_xfit``: how often Q - V ranks the sibling that earned
+   more first). The turns of a fixed share of the training tasks (``critic_holdout``) never train
+   the critic: their pairs, kept across iterations, give ``critic/sibling_auc``.
+5. actor: AWR at the states of the actor's memory (this and earlier iterations' siblings), plus the
+   SFT stage's ``expert_replay`` demonstrations, only while the out-of-sample sibling AUC (the
+   cross-fit, else the held-out tasks') is at least ``critic_gate``: a critic at chance does not
+   drive the actor.
 6. log and checkpoint.
 
 ``collect="sample"`` plays ``episodes_per_iter`` episodes at the sampling temperature instead
@@ -67,6 +70,7 @@ advantages, AWR weights, sibling AUC, transitions and windows in ``functional``,
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import math
@@ -115,13 +119,16 @@ class ArcherConfig(OnlineConfig):
     awr_min_shift: float = knob(0.05, "a state trains the actor only when its AWR target moves at least this much "
                                       "probability (total variation) away from the policy's own choice among the siblings")
     actor_memory: int = knob(2048, "awr: sibling groups (states with their actions and features) the actor replays from")
-    actor_groups: int = knob(256, "awr: states drawn from the memory for each actor update")
+    actor_groups: int = knob(64, "awr: the states of the memory whose target moves most (at least awr_min_shift) "
+                                 "train each actor update; a sibling below awr_min_weight of its state is left out")
+    awr_min_weight: float = knob(0.05, "awr: a sibling whose share of its state's target is below this is not "
+                                       "trained on (each one costs a forward and backward over its whole prompt)")
     expert_replay: int = knob(0, "the oracle's episodes on N training tasks (the SFT stage's demonstrations) join every "
                                  "actor update with weight 1; 0 = off")
     critic_holdout: float = knob(0.125, "share of the training tasks whose turns the critic never trains on: their "
                                         "sibling pairs score it out of sample (critic/sibling_auc)")
-    critic_gate: float = knob(0.6, "the actor trains only while the out-of-sample sibling AUC is at least this "
-                                   "(0 = always; needs collect=tree)")
+    critic_gate: float = knob(0.6, "the actor trains only while the out-of-sample sibling AUC (this iteration's "
+                                   "two-fold cross-fit, else the held-out tasks') is at least this (0 = always)")
     critic_hidden: int = knob(256, "width of the critic's MLP heads")
     critic_lr: float = knob(1e-3, "critic learning rate (AdamW)")
     critic_updates: int = knob(200, "N: critic TD updates per iteration")
@@ -173,6 +180,8 @@ class ArcherConfig(OnlineConfig):
             raise ValueError("branch_points, branch_width and branch_depth must be >= 1")
         if self.awr_beta <= 0 or not 0 <= self.awr_min_shift < 1 or min(self.actor_memory, self.actor_groups) < 1:
             raise ValueError("awr_beta must be > 0, awr_min_shift in [0, 1), actor_memory and actor_groups >= 1")
+        if not 0 <= self.awr_min_weight < 1:
+            raise ValueError(f"awr_min_weight must be in [0, 1), got {self.awr_min_weight}")
         if self.awr_values not in ("critic", "returns"):
             raise ValueError(f"awr_values must be critic or returns, got {self.awr_values!r}")
         if not 0 <= self.critic_holdout < 1 or not 0 <= self.critic_gate <= 1:
@@ -346,12 +355,14 @@ class ArcherTrainer(OnlineTrainer):
         auc_before, pairs_before = Fn.sibling_auc(adv, values, fresh)
         if pairs_before:  # in sample for states seen in earlier iterations; undefined without a pair
             metrics["critic/sibling_auc_before"] = auc_before
-        self._add_transitions(train, enc, r, done, next_s, v_sa)
+        metrics.update(self._crossfit_auc(train, fresh, enc, (r, done, next_s, v_sa), values, trajs))
+        self._add_transitions(self.buffer, train, enc, r, done, next_s, v_sa)
         metrics.update(self._critic_updates(cfg.critic_updates))
         self._keep_heldout_pairs([g for g in siblings if g[0] in set(held)], enc, values)
         metrics.update(self._heldout_auc())
-        # 5. actor
-        gate = cfg.critic_gate <= 0 or metrics.get("critic/sibling_auc", 0.0) >= cfg.critic_gate
+        # 5. actor, while the critic ranks siblings out of sample (this iteration's cross-fit, else the held-out tasks)
+        evidence = metrics.get("critic/sibling_auc_xfit", metrics.get("critic/sibling_auc", 0.0))
+        gate = cfg.critic_gate <= 0 or evidence >= cfg.critic_gate
         active = self.critic_steps >= cfg.critic_warmup and gate
         if cfg.actor_loss == "awr":
             self._remember(trajs, enc, siblings, values)
@@ -453,28 +464,63 @@ class ArcherTrainer(OnlineTrainer):
             return Fn.td_advantage(r, v, self.critic.value(next_feat), done, cfg.gamma), q
         return Fn.gae_advantages(r, v, self.critic.value(next_feat), done, cfg.gamma, cfg.gae_lambda), q
 
-    def _add_transitions(self, rows: list[int], enc: Encoded, r, done, next_s, v_sa) -> None:
+    @staticmethod
+    def _add_transitions(buffer: ReplayBuffer, rows: list[int], enc: Encoded, r, done, next_s, v_sa) -> None:
         if not rows:
             return
         index = torch.tensor(rows, dtype=torch.long)
         pick = lambda x: None if x is None else _select(x, index)
-        self.buffer.add(pick(enc.s), pick(enc.sa), r[index], done[index], pick(next_s), v_sa=pick(v_sa))
+        buffer.add(pick(enc.s), pick(enc.sa), r[index], done[index], pick(next_s), v_sa=pick(v_sa))
 
     def _critic_updates(self, n: int) -> dict[str, float]:
+        sums = self._td_steps(self.critic, self.critic_target, self.critic_opt, self.buffer, n, self.ctx)
+        self.critic_steps += n if len(self.buffer) else 0
+        return sums
+
+    def _td_steps(self, critic: UtteranceCritic, target: UtteranceCritic, opt: torch.optim.Optimizer,
+                  buffer: ReplayBuffer, n: int, ctx: DistContext | None = None) -> dict[str, float]:
+        """``n`` TD updates of ``critic`` (and Polyak steps of ``target``) on minibatches of ``buffer``."""
         cfg, sums = self.cfg, {}
         v_action = "sa" if cfg.v_target == "buffer_action" else "v_sa"
-        for _ in range(n if len(self.buffer) else 0):
-            b = self.buffer.sample(cfg.critic_batch_size)
-            loss, stats = td_loss(self.critic, self.critic_target, b, cfg.gamma, v_action)
-            self.critic_opt.zero_grad(set_to_none=True)
+        for _ in range(n if len(buffer) else 0):
+            loss, stats = td_loss(critic, target, buffer.sample(cfg.critic_batch_size), cfg.gamma, v_action)
+            opt.zero_grad(set_to_none=True)
             loss.backward()
-            self.ctx.all_reduce_grads(self.critic.parameters())
-            self.critic_opt.step()
-            soft_update(self.critic_target, self.critic, cfg.tau)
-            self.critic_steps += 1
+            if ctx is not None:
+                ctx.all_reduce_grads(critic.parameters())
+            opt.step()
+            soft_update(target, critic, cfg.tau)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v / n
         return sums
+
+    def _crossfit_auc(self, rows: list[int], groups: list[list[int]], enc: Encoded, transitions: tuple,
+                      values: torch.Tensor, trajs: list[Trajectory]) -> dict[str, float]:
+        """``critic/sibling_auc_xfit``: this iteration's sibling pairs, out of sample. The tasks are
+        split in two halves; for each half, a copy of the critic as it stands trains (``critic_updates``
+        steps, on the replay buffer plus this iteration's turns of the OTHER half) and scores the
+        half's pairs, so no pair is scored by a critic that saw its task this iteration."""
+        if not groups or self._hidden_layer is not None:  # top:K: a copy of its blocks per fold is too dear
+            return {}
+        task = lambda i: trajs[enc.refs[i][0]].task_id
+        half = lambda i: int(hashlib.sha256(f"{self.iteration}:{task(i)}".encode()).hexdigest()[:8], 16) % 2
+        scores = torch.zeros(len(enc.refs))
+        for f in (0, 1):
+            mine = [i for g in groups if half(g[0]) == f for i in g]
+            if not mine:
+                continue
+            critic, target = copy.deepcopy(self.critic), copy.deepcopy(self.critic_target)
+            opt = torch.optim.AdamW(critic.parameters(), lr=self.cfg.critic_lr)
+            buffer = self.buffer.clone()
+            self._add_transitions(buffer, [i for i in rows if half(i) != f], enc, *transitions)
+            self._td_steps(critic, target, opt, buffer, self.cfg.critic_updates)
+            index = torch.tensor(mine, dtype=torch.long)
+            with torch.no_grad():
+                s = critic.encode(_select(enc.s, index))
+                adv = Fn.double_q_min(*critic.q_values(s, _select(enc.sa, index))) - critic.value(s)
+            scores[index] = adv
+        auc, pairs = Fn.sibling_auc(scores, values, groups)
+        return {"critic/sibling_auc_xfit": auc, "critic/sibling_pairs_xfit": float(pairs)} if pairs else {}
 
     def _keep_heldout_pairs(self, groups: list[list[int]], enc: Encoded, values: torch.Tensor) -> None:
         """Store the held-out tasks' sibling groups (features and values): the critic never trains
@@ -529,7 +575,8 @@ class ArcherTrainer(OnlineTrainer):
         """AWR at remembered states: each sibling's likelihood weighted by its share of
         pi*(a|s) ~ pi(a|s) exp(A / beta) (``Fn.sibling_awr_weights``), A from the current critic (or
         the siblings' returns); states where pi* differs from pi by less than ``awr_min_shift`` are
-        skipped; the demonstrations join with weight 1 on every turn."""
+        skipped, the ``actor_groups`` that differ most are kept, and siblings below ``awr_min_weight``
+        of their state are left out; the demonstrations join with weight 1 on every turn."""
         cfg = self.cfg
         if not self.memory:
             return {}
@@ -548,8 +595,9 @@ class ArcherTrainer(OnlineTrainer):
         prior = Fn.sibling_awr_weights(logp, torch.zeros_like(adv), groups, cfg.awr_beta)  # pi on the siblings
         shift = [0.5 * float((w[g] - prior[g]).abs().sum()) for g in groups]
         useful = [i for i, d in enumerate(shift) if d >= cfg.awr_min_shift]
-        pick = torch.randperm(len(useful), generator=self.gen)[: cfg.actor_groups].tolist()
-        rows = [r for i in sorted(useful[j] for j in pick) for r in groups[i] if float(w[r]) > 1e-3]
+        # the states where the critic most wants another reply; ties by memory order (oldest first)
+        pick = sorted(sorted(useful, key=lambda i: -shift[i])[: cfg.actor_groups])
+        rows = [r for i in pick for r in groups[i] if float(w[r]) >= cfg.awr_min_weight]
         turns = [t for e in self.memory for t in e["turns"]]
         data = [turns[r] for r in rows] + self.experts
         weight = [float(w[r]) for r in rows] + [1.0] * sum(len(t.turns) for t in self.experts)

@@ -180,6 +180,12 @@ class ReplayBuffer:
         idx = torch.randint(0, self.size, (batch_size,), generator=self.gen)
         return {f: self._get(f, idx) for f in self.FIELDS}
 
+    def clone(self) -> ReplayBuffer:
+        """An independent copy (contents, sampling RNG), e.g. for a critic trained on the side."""
+        twin = ReplayBuffer(self.capacity, self.feat_dim, v_action="v_sa" in self.FIELDS)
+        twin.load_state_dict(self.state_dict())
+        return twin
+
     def state_dict(self) -> dict:
         return {
             **{k: x[: self.size].clone() for k, x in self.data.items()},
