@@ -28,10 +28,15 @@ TESTS = Path(__file__).resolve().parent
 TOY = "engine_toys:ToyEngine"
 
 
-@pytest.fixture
-def engine(monkeypatch):
+# "fresh": each engine child is a new interpreter; "forked": children fork from a server that
+# imported the engine's module once (forkserver.py). Every test below holds for both.
+PRELOAD = {"fresh": (), "forked": ("engine_toys",)}
+
+
+@pytest.fixture(params=sorted(PRELOAD))
+def engine(monkeypatch, request):
     monkeypatch.setenv("PYTHONPATH", str(TESTS))  # the child imports engine_toys from here
-    e = EngineProcess(TOY, {"greeting": "hello"})
+    e = EngineProcess(TOY, {"greeting": "hello"}, preload=PRELOAD[request.param])
     yield e
     e.close()
 
@@ -93,7 +98,8 @@ def test_an_engine_that_cannot_be_built_is_an_error(monkeypatch):
 
 def test_a_dying_engine_is_reported_and_replaced(engine):
     pid = engine.call("pid", deadline_s=60)
-    with pytest.raises(EngineCrashed, match="exit code 3"):
+    # a forked child's exit code is its server's to reap: only a fresh child's is known here
+    with pytest.raises(EngineCrashed, match="exit code -1" if engine.preload else "exit code 3"):
         engine.call("die", deadline_s=60)
     assert engine.call("pid", deadline_s=60) != pid
 
@@ -112,11 +118,12 @@ def test_close_stops_the_child(engine):
     assert _wait_dead(pid)
 
 
-def test_the_child_exits_when_its_parent_is_killed_mid_call():
+@pytest.mark.parametrize("kind", sorted(PRELOAD))
+def test_the_child_exits_when_its_parent_is_killed_mid_call(kind):
     # A parent that starts an engine, hangs it in a call, then is SIGKILLed: the orphan must go.
     code = (
         "import sys; from turngym.envs.engine import EngineProcess\n"
-        f"e = EngineProcess({TOY!r}); print(e.call('pid', deadline_s=60), flush=True)\n"
+        f"e = EngineProcess({TOY!r}, preload={PRELOAD[kind]!r}); print(e.call('pid', deadline_s=60), flush=True)\n"
         "e.call('sleep', 3600, deadline_s=3600)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
@@ -169,3 +176,26 @@ def test_engine_backed_budget_truncation_and_reset_retry(monkeypatch, tmp_path):
         assert env._engine_reset(game) == game and env._cut_reason is None and env._engine.restarts == 2
     finally:
         env._close_engine()
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().split(") ")[-1].split()[1])
+
+
+def test_forked_engines_share_one_warm_server_and_fall_back_to_fresh_interpreters(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    a, b = (EngineProcess(TOY, preload=("engine_toys",)) for _ in range(2))
+    try:
+        pa, pb = a.call("pid", deadline_s=60), b.call("pid", deadline_s=60)
+        assert pa != pb and _ppid(pa) == _ppid(pb) != os.getpid()  # both children of one server
+        assert _ppid(_ppid(pa)) == os.getpid()  # which is ours
+    finally:
+        a.close()
+        b.close()
+    assert _wait_dead(pa) and _wait_dead(pb)
+    broken = EngineProcess(TOY, preload=("no_such_module_here",))  # the server cannot start: a fresh child
+    try:
+        assert _ppid(broken.call("pid", deadline_s=60)) == os.getpid()
+    finally:
+        broken.close()

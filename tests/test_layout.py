@@ -15,7 +15,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "turngym"
 
 # DESIGN.md's rooms, lowest first. A module may import its own room and any room below it.
-ROOMS = [("types", "config"), ("data", "tools"), ("envs",), ("integrations",), ("agents",), ("rollout",),
+ROOMS = [("types", "config", "clock"), ("data", "tools"), ("envs",), ("integrations",), ("agents",), ("rollout",),
          ("rewards",), ("trainers",), ("bench",), ("train",), ("protocol",), ("cli",)]
 RANK = {room: i for i, group in enumerate(ROOMS) for room in group}
 

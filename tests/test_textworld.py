@@ -124,6 +124,19 @@ def test_generation_is_deterministic_and_safe_from_two_processes(tw_root, tmp_pa
     assert sorted(p.name for p in split_dir("easy", "test", tmp_path).iterdir()) == [".lock", "0000.json", "0000.z8", "index.json"]
 
 
+@pytest.mark.slow
+def test_worker_processes_make_the_sequence_one_process_makes(tw_root, tmp_path, monkeypatch):
+    from turngym.envs.textworld.games import generate
+
+    monkeypatch.setenv("PYTHONHASHSEED", "0")  # the workers read it; games depend on it
+    made = {w: generate("easy", "test", 5, tmp_path / str(w), workers=w)["games"] for w in (1, 3)}
+    cached = ensure_games("easy", "test", 5, tw_root)  # the same games as every machine makes
+    assert [g["content_hash"] for g in made[1]] == [g["content_hash"] for g in made[3]] == [g.content_hash for g in cached]
+    assert [g["task_id"] for g in made[3]] == [g.task_id for g in cached]
+    assert sorted(p.name for p in (tmp_path / "3").iterdir()) == sorted(
+        [f"{i:04d}.{ext}" for i in range(5) for ext in ("json", "z8")] + ["index.json"])  # no temp folders left
+
+
 # ----- the env contract -------------------------------------------------------------------------
 @pytest.mark.parametrize("level", ["easy", "medium", "hard"])
 def test_oracle_wins_every_game(tw_root, level):

@@ -51,10 +51,16 @@ def test_auto_engine_is_vllm_only_where_installed_and_the_run_allows_it(monkeypa
     import turngym.agents.vllm as vllm_mod
     from turngym.trainers.trainer import resolve_rollout_engine
 
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(vllm_mod, "vllm_available", lambda: False)
     assert resolve_rollout_engine(PGConfig(rollout_engine="auto")).rollout_engine == "hf"
     monkeypatch.setattr(vllm_mod, "vllm_available", lambda: True)
     assert resolve_rollout_engine(PGConfig(rollout_engine="auto")).rollout_engine == "vllm"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # on a CPU, HF's generation measured faster
+    assert resolve_rollout_engine(PGConfig(rollout_engine="auto")).rollout_engine == "hf"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_rollout_engine(PGConfig(rollout_engine="hf")).rollout_engine == "hf"  # a choice stands
     for other in ({"trainable": "lora"}, {"sharding": "fsdp"}, {"async_staleness": 1, "algo": "reinforce", "group_size": 1}):
         assert resolve_rollout_engine(PGConfig(rollout_engine="auto", **other)).rollout_engine == "hf", other

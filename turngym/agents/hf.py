@@ -39,6 +39,7 @@ import torch
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.agents.chat import ChatRenderer, chatml_tools_template
 from turngym.agents.kvcache import RowCache, common_prefix, split, stack, supports_reuse
+from turngym.agents.lookahead import greedy_with_drafts
 from turngym.agents.packed import PackedLM, SlotCache, native_bf16
 from turngym.agents.sampling import StopChecker, make_generators, row_seeds, sample_next
 from turngym.tools.formats import format_stops
@@ -100,6 +101,8 @@ class HFPolicy:
         generation_dtype: The packed engine's weights: ``"auto"`` = bf16 where the device computes it
             natively (``packed.native_bf16``) and the model is fp32, else the model's own dtype; or a
             ``torch.dtype``. A trainer sets it to its update's precision.
+        draft_tokens: Greedy decoding on the packed engine checks up to this many prompt-lookup
+            draft tokens per forward (``lookahead.py``); 0 decodes one token per forward.
 
     Raises:
         ValueError: the tokenizer has no usable chat template.
@@ -120,6 +123,7 @@ class HFPolicy:
         share_prefix: bool = True,
         packed: bool | None = None,
         generation_dtype: torch.dtype | str = "auto",
+        draft_tokens: int = 8,
     ) -> None:
         self.model, self.tokenizer = _load(model_or_path, tokenizer, device, dtype)
         self.model.eval()
@@ -145,6 +149,7 @@ class HFPolicy:
             fp32 = next(self.model.parameters()).dtype == torch.float32
             generation_dtype = torch.bfloat16 if fp32 and native_bf16(self.device) else None
         self.generation_dtype: torch.dtype | None = generation_dtype
+        self.draft_tokens = draft_tokens
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "sampled_tokens": 0}
 
     @property
@@ -391,6 +396,11 @@ class HFPolicy:
         self.stats["reused_tokens"] += sum(reuse)
         gens = [Generation() for _ in prompts]
         checkers = [StopChecker(self.tokenizer, s) for s in stops]
+        if sampling.temperature == 0 and self.draft_tokens > 0:
+            greedy_with_drafts(engine, rows, logits, lambda i, t, lp: self._push(gens[i], t, lp, 0.0, checkers[i], caps[i]),
+                               lambda i: caps[i] - len(gens[i].action_ids), self.draft_tokens, self.stats, self.end_ids)
+            self.stats["sampled_tokens"] += sum(len(g.action_ids) for g in gens)
+            return gens, rows if self.reuse_cache else [None] * len(prompts)
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         generators = make_generators(row_seeds(seed, prompts, turns), self.device) if sampling.temperature > 0 else None
         live = list(range(len(prompts)))

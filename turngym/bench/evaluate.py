@@ -52,7 +52,7 @@ def evaluate(
     num_envs: int = 8,
     workers: bool = False,
     max_turns: int | None = None,
-    progress: bool = True,
+    progress: bool | str = True,
     distinct: bool = False,
     collector: Collector | None = None,
 ) -> EvalResult:

@@ -36,6 +36,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from turngym.envs.forkserver import spawn_engine_child
+
 # Setup calls (start the child, import the engine, load and reset a game) take no agent input.
 # Their deadline only guards against a wedged engine, and must allow a slow, shared machine.
 SETUP_DEADLINE_S = 120.0
@@ -66,15 +68,18 @@ class EngineProcess:
         target: ``"module:Class"`` of the engine; importable in a fresh interpreter.
         kwargs: Its constructor arguments (picklable).
         setup_deadline_s: Deadline for starting the child and building the engine.
+        preload: Modules the engine imports (e.g. ``("textworld",)``): the child is then forked from
+            a server that imported them once (``forkserver.py``), where the platform allows, instead
+            of being a fresh interpreter that imports them itself.
 
     Calls go through ``call(method, *args, deadline_s=...)``; arguments and results must be JSON
     values (tuples come back as lists).
     """
 
     def __init__(self, target: str, kwargs: dict[str, Any] | None = None, *,
-                 setup_deadline_s: float = SETUP_DEADLINE_S) -> None:
+                 setup_deadline_s: float = SETUP_DEADLINE_S, preload: tuple[str, ...] = ()) -> None:
         self.target, self.kwargs = target, dict(kwargs or {})
-        self.setup_deadline_s = setup_deadline_s
+        self.setup_deadline_s, self.preload = setup_deadline_s, tuple(preload)
         self.restarts = 0  # children killed or lost by faults so far (the next call starts a new one)
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
@@ -107,14 +112,19 @@ class EngineProcess:
     def _start(self) -> None:
         if self._proc is not None:  # it exited between calls
             self._discard()
-        ours, theirs = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
-        with theirs:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "turngym.envs.engine", str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-            )
-        self._proc, self._conn = proc, Connection(ours.detach())
+        forked = spawn_engine_child(f"{__name__}:_serve", self.preload, self.setup_deadline_s) if self.preload else None
+        if forked is not None:
+            proc, conn = forked
+        else:
+            ours, theirs = socket.socketpair()
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
+            with theirs:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "turngym.envs.engine", str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                )
+            conn = Connection(ours.detach())
+        self._proc, self._conn = proc, conn
         self._finalizer = weakref.finalize(self, _stop, proc, self._conn)
         try:
             self._request(("init", self.target, self.kwargs), self.setup_deadline_s, "start")
@@ -193,13 +203,14 @@ class EngineBacked:
 
     engine_target: str
     engine_setup_deadline_s: float = SETUP_DEADLINE_S
+    engine_preload: tuple[str, ...] = ()  # modules the engine imports: its children fork from a warm server
 
     def _setup_engine(self, kwargs: dict[str, Any], deadline_s: float | None) -> None:
         if deadline_s is not None and not deadline_s > 0:
             raise ValueError(f"engine_deadline_s must be positive or None, got {deadline_s!r}")
         self.engine_deadline_s = deadline_s
         self._engine = (InlineEngine(self.engine_target, kwargs) if deadline_s is None
-                        else EngineProcess(self.engine_target, kwargs))
+                        else EngineProcess(self.engine_target, kwargs, preload=self.engine_preload))
         self._engine_loaded: str | None = None
         self._cut_reason: str | None = None
         self._budget_turn, self._budget_end = -1, 0.0

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from turngym.agents.base import Policy, SamplingParams
+from turngym.clock import CLOCK, bar
 from turngym.rollout.episode import EpisodeSpec
 from turngym.rollout.sync import rollout
 from turngym.types import Message, Trajectory
@@ -73,7 +74,7 @@ def branch_points(traj: Trajectory, points: int, after: int = 0, by: str = "stat
 def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, Trajectory]], *,
                   stops: Sequence[str] = (), points: int = 2, width: int = 3, depth: int = 1,
                   max_new_tokens: int = 64, num_envs: int = 32, workers: bool | str = False,
-                  pools: Any = None, by: str = "state_key") -> list[Trajectory]:
+                  pools: Any = None, by: str = "state_key", progress: bool | str = False) -> list[Trajectory]:
     """Branches of the failed ``roots``, searched ``depth`` levels deep.
 
     At each branch point (``branch_points``) the policy's ``width`` runner-up replies
@@ -90,6 +91,7 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
         width: Alternatives per branch point. depth: Search levels.
         max_new_tokens, num_envs, workers, pools: As when sampling / for ``rollout``.
         by: How branch points see a return to an earlier state (``visit_keys``).
+        progress: A progress bar per search level (a string names it).
 
     Returns:
         Every finished branch (each a whole episode, with ``metadata["branch_turn"]`` and
@@ -104,11 +106,11 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
     found: list[Trajectory] = []
     solved = {t.task_id for _, t in roots if t.success}
     level = [(s, t, 0, i) for i, (s, t) in enumerate(roots) if not t.success]  # (spec, episode, after, index)
-    for _ in range(depth):
+    for level_no in range(depth):
         at = [(spec, traj, j, node) for spec, traj, after, node in level if traj.task_id not in solved
               for j in branch_points(traj, points, after, by)]
-        alts = policy.alternatives([t.prompt_ids(j) for _, t, j, _ in at],
-                                   [t.action_ids(j) for _, t, j, _ in at], width, stops, max_new_tokens) if at else []
+        name = f"{progress if isinstance(progress, str) else 'search'} {level_no + 1}/{depth}"
+        alts = _alternatives(policy, at, width, stops, max_new_tokens, f"{name} runner-ups" if progress else None)
         specs, turns = [], []
         for (spec, traj, j, node), replies in zip(at, alts):
             for alt in replies:  # the branch shares traj's record up to turn j, then plays alt there
@@ -117,7 +119,7 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
         if not specs:
             break
         played = rollout(policy, make_env, specs, sampling=greedy, num_envs=num_envs, workers=workers,
-                         progress=False, pools=pools)
+                         progress=name if progress else False, pools=pools)
         kept = []
         for spec, (j, node), t in zip(specs, turns, played):
             t.metadata["branch_turn"], t.metadata["parent"] = j, node
@@ -127,6 +129,20 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
         solved |= {t.task_id for _, t, _ in kept if t.success}
         level = [(s, t, t.metadata["branch_turn"] + 1, node) for s, t, node in kept if not t.success]
     return found
+
+
+def _alternatives(policy: Policy, at: list, width: int, stops: Sequence[str], max_new_tokens: int,
+                  bar_name: str | None, chunk: int = 16) -> list[list]:
+    """``policy.alternatives`` at every branch point of ``at``, ``chunk`` points a call, so a bar
+    (``bar_name``) can show the scoring of long prompts move."""
+    out: list[list] = []
+    with bar(len(at), bar_name or "", "point", disable=bar_name is None) as shown, CLOCK.kind("generation"):
+        for i in range(0, len(at), chunk):
+            part = at[i : i + chunk]
+            out += policy.alternatives([t.prompt_ids(j) for _, t, j, _ in part], [t.action_ids(j) for _, t, j, _ in part],
+                                       width, stops, max_new_tokens)
+            shown.update(len(part))
+    return out
 
 
 @dataclass

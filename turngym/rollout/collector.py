@@ -22,6 +22,7 @@ Trainers keep learning only: they ask the Collector for episodes and never build
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import itertools
@@ -134,6 +135,7 @@ class Collector:
         self.engine: Any = None  # the VLLMRollouts, once built
         self._synced = False  # whether the last generator() call pushed weights
         self._stream: AsyncCollector | None = None
+        self._demos: dict[tuple, list[Trajectory]] = {}  # demonstrations() by its arguments
 
     # ----- the generation engine -----------------------------------------------------------------
     def generator(self, version: Any = None) -> Any:
@@ -150,7 +152,7 @@ class Collector:
 
     # ----- playing --------------------------------------------------------------------------------
     def play(self, env: EnvTarget, specs: list[EpisodeSpec], sampling: SamplingParams | None = None, *,
-             num_envs: int = 8, policy: Any = None, metadata: dict | None = None, progress: bool = False,
+             num_envs: int = 8, policy: Any = None, metadata: dict | None = None, progress: bool | str = False,
              pooled: bool = True) -> list[Trajectory]:
         """Play ``specs`` on ``env`` (``rollout``), with envs from the pool (``pooled``) or opened
         and closed here. ``policy``: who plays (default: ``generator()``)."""
@@ -159,7 +161,8 @@ class Collector:
                        metadata=metadata, pools=self.pools if pooled else None)
 
     def collect(self, env: EnvTarget, specs: list[EpisodeSpec], sampling: SamplingParams, *, num_envs: int,
-                group_size: int = 1, version: Any = None) -> tuple[list[Trajectory], dict[str, float]]:
+                group_size: int = 1, version: Any = None,
+                progress: bool | str = False) -> tuple[list[Trajectory], dict[str, float]]:
         """A trainer's iteration: this rank's share of ``specs`` (whole groups), played with the
         current weights.
 
@@ -174,7 +177,7 @@ class Collector:
             policy.invalidate_caches()
         sampling = dataclasses.replace(sampling, seed=ctx.rank_seed(sampling.seed))  # ranks must not sample alike
         t0 = time.perf_counter()
-        trajs = self.play(env, specs, sampling, num_envs=num_envs, policy=policy)
+        trajs = self.play(env, specs, sampling, num_envs=num_envs, policy=policy, progress=progress)
         metrics = rollout_metrics(trajs, time.perf_counter() - t0)
         metrics = ctx.all_reduce_metrics(metrics, weight=len(trajs), sum_keys=("rollout/env_steps", "rollout/tokens_per_s"))
         if self.engine is not None:
@@ -241,11 +244,12 @@ class Collector:
 
     # ----- search and demonstrations ----------------------------------------------------------------
     def branch_search(self, env: EnvTarget, roots: list[tuple[EpisodeSpec, Trajectory]], *, points: int, width: int,
-                      depth: int, max_new_tokens: int, num_envs: int, by: str = "state_key") -> list[Trajectory]:
+                      depth: int, max_new_tokens: int, num_envs: int, by: str = "state_key",
+                      progress: bool | str = False) -> list[Trajectory]:
         """Branches of the failed ``roots`` (``branching.branch_search``), played by the policy itself."""
         return branch_search(self.policy, env.factory(), roots, stops=list(env.info.stop_strings), points=points,
                              width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs,
-                             workers=self.workers, pools=self.pools, by=by)
+                             workers=self.workers, pools=self.pools, by=by, progress=progress)
 
     def tree_rollout(self, env: EnvTarget, specs: list[EpisodeSpec], *, roots: list[Trajectory] | None = None,
                      points: int, width: int, depth: int, max_new_tokens: int, num_envs: int,
@@ -260,10 +264,20 @@ class Collector:
                        num_envs: int = 8) -> list[Trajectory]:
         """The env's oracle on ``episodes`` training tasks (``demo_task_ids``), recorded as the
         policy's own tokens while it plays (``agents.scripted.Demonstrator``); successes only.
+        The oracle and the chat layout are fixed, so a run's later calls with the same arguments
+        (branch BC's ``expert_replay`` replays the SFT stage's demonstrations) get copies of the
+        first call's episodes instead of starting envs to play them again.
 
         Raises:
             RuntimeError: the oracle solved none of them.
         """
+        key = (env.env_id, repr(sorted(env.kwargs.items())), episodes, seed, demo_seed)
+        if key not in self._demos:
+            self._demos[key] = self._play_demonstrations(env, episodes, seed, demo_seed, num_envs)
+        return copy.deepcopy(self._demos[key])
+
+    def _play_demonstrations(self, env: EnvTarget, episodes: int, seed: int, demo_seed: int,
+                             num_envs: int) -> list[Trajectory]:
         from turngym.agents.scripted import Demonstrator, OracleAgent
 
         hinted = EnvTarget(env.env_id, {**env.kwargs, "scripted_hints": True})  # the oracle plays without run limits

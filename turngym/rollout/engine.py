@@ -87,10 +87,11 @@ ENGINES = ("hf", "vllm", "auto")
 
 
 def resolve_engine(name: str, allowed: bool) -> str:
-    """``name`` with ``auto`` decided: ``vllm`` where vLLM is installed with a device it can use and
-    the run ``allowed`` it (one process, synchronous collection, full weights), else ``hf``. Where
-    vLLM pays: on a 2-core CPU it generated 1.56x faster than HF on the quickstart's evaluation
-    shape, but the whole default quickstart took as long with either (docs/experiments.md).
+    """``name`` with ``auto`` decided: ``vllm`` on a GPU where vLLM is installed and the run
+    ``allowed`` it (one process, synchronous collection, full weights), else ``hf``. On a CPU ``auto``
+    is ``hf``: there the whole quickstart took as long with vLLM as with HF when vLLM generated
+    1.56x faster than HF's fp32 path (2026-11-23), and HF has since gained packed bf16 forwards
+    (2.8x on an evaluation) and drafted greedy decoding (docs/benchmarks.md).
 
     Raises:
         ValueError: an unknown engine name.
@@ -101,7 +102,7 @@ def resolve_engine(name: str, allowed: bool) -> str:
         return name
     from turngym.agents.vllm import vllm_available
 
-    return "vllm" if allowed and vllm_available() else "hf"
+    return "vllm" if allowed and torch.cuda.is_available() and vllm_available() else "hf"
 
 
 def engine_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turngym.agents.base import Conversation, Policy, SamplingParams
+from turngym.clock import CLOCK
 from turngym.rollout.handles import EnvCrashed, EnvHandle, handle_kind, make_handle
 from turngym.types import RECORD_KEY, Message, TokenRecord, ToolCall, Trajectory, Turn, Utterance
 
@@ -115,8 +116,9 @@ def open_handles(workers: bool | str, make_env, n: int, timeout_s: float) -> lis
     kind = handle_kind(workers)
     handles: list[EnvHandle] = []
     try:
-        for _ in range(max(1, n)):
-            handles.append(make_handle(kind, make_env, timeout_s))
+        with CLOCK.kind("env_startup"):
+            for _ in range(max(1, n)):
+                handles.append(make_handle(kind, make_env, timeout_s))
     except BaseException:
         close_handles(handles)
         raise
@@ -133,7 +135,8 @@ def close_handles(handles: list[EnvHandle]) -> None:
 
 def act_checked(policy: Policy, convs: list[Conversation], sampling: SamplingParams | None) -> list:
     """``policy.act`` with the one-utterance-per-conversation contract checked."""
-    utts = policy.act(convs, sampling)
+    with CLOCK.kind("generation"):
+        utts = policy.act(convs, sampling)
     if len(utts) != len(convs):
         raise RuntimeError(f"policy returned {len(utts)} utterances for {len(convs)} conversations")
     return utts

@@ -16,9 +16,9 @@ import dataclasses
 import time
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from turngym.agents.base import Policy, SamplingParams
+from turngym.clock import CLOCK
+from turngym.clock import bar as clock_bar
 from turngym.rollout.episode import (
     EpisodeSpec, Live, ReplayDiverged, act_checked, apply_step, begin_episode, branch_over, close_handles,
     end_episode, make_turn, open_handles, recv_result, replay_utterance, reset_kwargs,
@@ -36,7 +36,7 @@ def rollout(
     num_envs: int = 8,
     workers: bool | str = False,
     step_timeout_s: float = 60.0,
-    progress: bool = True,
+    progress: bool | str = True,
     metadata: dict[str, Any] | None = None,
     pools: EnvPools | None = None,
 ) -> list[Trajectory]:
@@ -51,7 +51,8 @@ def rollout(
         workers: Where envs run: ``False``/``"local"`` (this process), ``"thread"`` (this process,
             each step on a thread), ``True``/``"subprocess"`` (worker processes), ``"ray"``.
         step_timeout_s: Limit for one reset/step (not enforced for ``"local"``).
-        progress: Show a tqdm bar.
+        progress: Show a progress bar (``clock.bar``: silent under ``clock.quiet`` and off a terminal);
+            a string names it.
         metadata: Merged into every trajectory's metadata (e.g. env id, policy version).
         pools: Keep the env handles open for the next rollout of the same env (see ``EnvPools``);
             None opens them here and closes them on return.
@@ -84,13 +85,13 @@ def _sync_loop(policy, handles, specs, sampling, progress, metadata) -> list[Tra
     results: list[Trajectory | None] = [None] * len(specs)
     queue = list(enumerate(specs))[::-1]
     live: dict[int, tuple[int, Live]] = {}
-    bar = tqdm(total=len(specs), desc="episodes", disable=not progress, leave=False)
+    bar = clock_bar(len(specs), progress if isinstance(progress, str) else "episodes", "ep", disable=not progress)
 
     def finish(idx: int, traj: Trajectory) -> None:
         results[idx] = traj
         bar.update(1)
 
-    _fill(handles, list(range(len(handles))), queue, live, env_desc, metadata, finish)
+    _fill(handles, list(range(len(handles))), queue, live, env_desc, metadata, finish, bar)
     greedy = dataclasses.replace(sampling or SamplingParams(), temperature=0.0)
     while live:
         slots = sorted(live)
@@ -114,30 +115,39 @@ def _sync_loop(policy, handles, specs, sampling, progress, metadata) -> list[Tra
             if part:
                 for i, u in zip(part, act_checked(policy, [live[slots[i]][1].conv for i in part], params)):
                     utts[i] = u
-        for s, utt in zip(slots, utts):  # every env steps at once; the barrier is the recv loop below
-            handles[s].send("step", utt.text)
-        for s, utt in zip(slots, utts):
+        with CLOCK.kind("env_step"):
+            for s, utt in zip(slots, utts):  # every env steps at once; the barrier is the recv loop below
+                handles[s].send("step", utt.text)
+            answers = [recv_result(handles[s]) for s in slots]
+        for s, utt, result in zip(slots, utts, answers):
             idx, ep = live[s]
             turn = make_turn(utt)
-            if apply_step(ep, utt, turn, recv_result(handles[s])) or branch_over(ep):
+            if apply_step(ep, utt, turn, result) or branch_over(ep):
                 finish(idx, end_episode(ep))
                 del live[s]
                 freed.append(s)
-        _fill(handles, freed, queue, live, env_desc, metadata, finish)
+        _fill(handles, freed, queue, live, env_desc, metadata, finish, bar)
     bar.close()
     return results  # type: ignore[return-value]
 
 
-def _fill(handles, slots, queue, live, env_desc, metadata, finish) -> None:
-    """Start the next queued episodes on the free ``slots`` (resets run in parallel)."""
+def _fill(handles, slots, queue, live, env_desc, metadata, finish, bar) -> None:
+    """Start the next queued episodes on the free ``slots`` (resets run in parallel; the first
+    reset of a new env starts its engine, so ``bar`` counts them)."""
     while slots and queue:
         batch = [(s, *queue.pop()) for s in slots[: len(queue)]]
         slots = slots[len(batch):]
         t0 = time.perf_counter()
-        for s, _, spec in batch:
-            handles[s].send("reset", reset_kwargs(spec))
-        for s, idx, spec in batch:
-            ep = begin_episode(spec, recv_result(handles[s]), env_desc, metadata, t0)
+        with CLOCK.kind("env_startup"):  # a kept env resets in ms; a new one starts its engine here
+            for s, _, spec in batch:
+                handles[s].send("reset", reset_kwargs(spec))
+            results = []
+            for k, (s, _, _) in enumerate(batch):
+                results.append(recv_result(handles[s]))
+                if len(batch) > 1:
+                    bar.set_postfix_str(f"reset {k + 1}/{len(batch)}" if k + 1 < len(batch) else "")
+        for (s, idx, spec), result in zip(batch, results):
+            ep = begin_episode(spec, result, env_desc, metadata, t0)
             if ep.traj.truncated:  # reset itself crashed: record it and give the slot the next spec
                 finish(idx, ep.traj)
                 slots.append(s)

@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from turngym.agents.packed import native_bf16
+from turngym.clock import CLOCK
 from turngym.trainers import functional as Fn
 from turngym.trainers.distributed import DistContext, is_sharded
-from turngym.trainers.sequences import PackedBatch, score, score_forward
+from turngym.trainers.sequences import PackedBatch, frozen_prefix, score, score_forward
 
 
 def prepare_trainable(model: torch.nn.Module, trainable: str, lora_r: int = 16, lora_alpha: int = 32) -> torch.nn.Module:
@@ -124,6 +125,7 @@ def reference_pass(ref: torch.nn.Module, batch: PackedBatch, hidden: bool, mode:
     return out.logprobs.float(), None if out.hidden is None else out.hidden.float()
 
 
+@CLOCK.timed("update")
 def actor_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -153,15 +155,20 @@ def actor_update(
     ctx = ctx or DistContext()
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {sorted(LOSSES)}, got {loss!r}")
-    # the NLL loss uses no ratio, so no old log-probs either
-    if loss == "ppo" and rescore_old_logprobs(cfg.old_logprobs, model, cfg.autocast,
-                                                       getattr(cfg, "rollout_engine", "hf")):
-        batch.old_logprobs = rescored_logprobs(model, batch, cfg)
     B = batch.input_ids.shape[0]
     params = [p for p in model.parameters() if p.requires_grad]
     sharded = is_sharded(model)
     # FSDP ranks must run the same number of forwards and backwards: no accumulation when sharded
     micro = cfg.minibatch_size if sharded else (cfg.micro_batch_size or cfg.minibatch_size)
+    # the NLL loss uses no ratio, so no old log-probs either
+    rescore = loss == "ppo" and rescore_old_logprobs(cfg.old_logprobs, model, cfg.autocast,
+                                                     getattr(cfg, "rollout_engine", "hf"))
+    scored = batch  # with the frozen lower blocks' output computed once for every pass (trainable: top:K)
+    if cfg.actor_epochs > 1 or rescore:
+        scored = frozen_prefix(model, batch, cfg.micro_batch_size or cfg.minibatch_size, lambda: autocast(model, cfg.autocast))
+    if rescore:
+        batch.old_logprobs = scored.old_logprobs = rescored_logprobs(model, scored, cfg)
+    batch = scored
     sums: dict[str, float] = {}
     steps = 0
     for _ in range(cfg.actor_epochs):

@@ -34,18 +34,19 @@ from typing import Any
 import torch
 
 from turngym.agents.base import SamplingParams
+from turngym.clock import CLOCK, bar
 from turngym.config import knob
 from turngym.rewards.format import action_status
 from turngym.rollout import Collector, EnvTarget, EpisodeSpec
 from turngym.rollout.branching import BRANCH_BY
 from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
-from turngym.trainers.actor import frozen_copy, prepare_trainable, use_bf16
+from turngym.trainers.actor import autocast, frozen_copy, prepare_trainable, use_bf16
 from turngym.trainers.distributed import DistContext, load_model_state_dict, model_state_dict
 from turngym.trainers.likelihood import likelihood_step, optimizer_steps
 from turngym.trainers.loop import IterativeTrainer
 from turngym.trainers.registry import Algorithm, register_algorithm
-from turngym.trainers.sequences import pack_batch
+from turngym.trainers.sequences import frozen_prefix, pack_batch
 from turngym.types import Trajectory
 
 
@@ -174,14 +175,18 @@ class BranchBCTrainer(IterativeTrainer):
         # 1. screen: one greedy episode per task (reset seeds fixed per task, so a replay is exact)
         specs = [EpisodeSpec(t, run_seed(cfg.seed, self.task_ids.index(t)), greedy=True) for t in self.pick_tasks()]
         greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=run_seed(cfg.seed, self.iteration))
-        roots, metrics = self.collector.collect(self.env, specs, greedy, num_envs=cfg.num_envs)
+        with CLOCK.stage("screen"):
+            roots, metrics = self.collector.collect(self.env, specs, greedy, num_envs=cfg.num_envs,
+                                                    progress=self.progress and "screen")
         self.screened.update({s.task_id: self.iteration for s in specs})
         self.greedy_outcomes.update({r.task_id: bool(r.success) for r in roots})
         # 2. search from the failed ones
         t0 = time.perf_counter()
-        found = self.collector.branch_search(self.env, list(zip(specs, roots)), points=cfg.branch_points,
-                                             width=cfg.branch_width, depth=cfg.branch_depth,
-                                             max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, by=cfg.branch_by)
+        with CLOCK.stage("search"):
+            found = self.collector.branch_search(self.env, list(zip(specs, roots)), points=cfg.branch_points,
+                                                 width=cfg.branch_width, depth=cfg.branch_depth,
+                                                 max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs,
+                                                 by=cfg.branch_by, progress=self.progress and "search")
         failed = {r.task_id for r in roots if not r.success}
         solved = {t.task_id for t in found if t.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(found)),
@@ -198,7 +203,8 @@ class BranchBCTrainer(IterativeTrainer):
         # 4. clone the remembered episodes and the demonstrations (weight 1 on valid turns)
         data = list(self.memory.values()) + self.experts
         if data:
-            metrics.update(self.clone(data))
+            with CLOCK.stage("fit"):
+                metrics.update(self.clone(data))
             metrics["actor/episodes"] = float(len(data))
         return self.finish_step(metrics)
 
@@ -209,6 +215,11 @@ class BranchBCTrainer(IterativeTrainer):
         valid = torch.tensor([float(action_status(data[ti].turns[k]) == "valid") for ti, k in batch.turn_refs])
         weights = Fn.broadcast_to_tokens(valid, batch.token_turn)
         rows, micro = batch.input_ids.shape[0], cfg.micro_batch_size or cfg.minibatch_size
+        fit_bar = bar(cfg.actor_epochs * -(-rows // cfg.minibatch_size), "fit", "step", disable=not self.progress)
+        if cfg.actor_epochs > 1:  # the frozen lower blocks' output, once for every epoch (trainable: top:K)
+            batch = frozen_prefix(self.model, batch, micro, lambda: autocast(self.model, cfg.autocast),
+                                  on_chunk=lambda done, n: fit_bar.set_postfix_str(f"frozen blocks {done}/{n} episodes"))
+            fit_bar.set_postfix_str("")
         self.model.train()
         sums: dict[str, float] = {}
         steps = 0
@@ -226,6 +237,8 @@ class BranchBCTrainer(IterativeTrainer):
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
                 steps += 1
+                fit_bar.update(1)
+        fit_bar.close()
         self.model.eval()
         # the NLL keeps the name the online trainers give their update's loss, so curves compare
         names = {"loss": "actor/pg_loss"}

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import torch
 
+from turngym.clock import CLOCK
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import autocast, reference_pass
 from turngym.trainers.sequences import PackedBatch, score
 
 
+@CLOCK.timed("update")
 def likelihood_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     chunks: list[tuple[PackedBatch, torch.Tensor]], *, lr: float, max_grad_norm: float,
                     autocast_mode: str = "none", ref: torch.nn.Module | None = None, kl_coef: float = 0.0,

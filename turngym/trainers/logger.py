@@ -11,6 +11,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from turngym.clock import bars_on
+
 
 class MetricsLogger:
     """Log ``{key: number}`` dicts per step.
@@ -132,6 +134,7 @@ def progress_bar(desc: str, *, steps: int, budget_s: float = 0.0, done_steps: in
     budget usually ends a run long before its step cap (a 1000-iteration "no cap" showed a 31-hour
     ETA). Move it with ``advance_bar(bar, trained_seconds)``."""
     budgeted = budget_s > 0
+    disable = disable or not bars_on()
     bar = tqdm(total=round(budget_s) if budgeted else steps, initial=min(round(budget_s), int(done_s)) if budgeted
                else done_steps, unit="s" if budgeted else "it", desc=desc, disable=disable)
     bar.budgeted = budgeted

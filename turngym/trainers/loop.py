@@ -38,6 +38,7 @@ class IterativeTrainer:
         self.env_steps = 0
         self.train_seconds = 0.0  # wall-clock spent in iterations and checkpoints, not in on_iteration
         self._ready = False
+        self.progress = False  # whether step() shows bars for its phases (train() sets it)
 
     # ----- what a recipe supplies ------------------------------------------------------------
     def setup(self) -> None:
@@ -102,6 +103,7 @@ class IterativeTrainer:
         bar = progress_bar(self.name, steps=cfg.iterations, budget_s=cfg.time_budget_s, done_steps=self.iteration,
                            done_s=self.train_seconds, disable=not (progress and main))
         rows = []
+        self.progress = progress and main
         try:
             while not self.done():
                 t0 = time.perf_counter()

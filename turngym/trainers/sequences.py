@@ -7,12 +7,20 @@ where that property broke while it was sampled; ``pack_batch`` only pads them.
 
 The forward applies the LM head only at action positions: full-vocabulary logits for every token
 of a long episode would cost gigabytes and buy nothing.
+
+A fit that makes several passes over the same episodes with the lower blocks frozen (``trainable:
+top:K``) computes those blocks' output once (``frozen_prefix``) and every pass runs only the
+trainable blocks on it: on SmolLM2 with K=8 of 30 that was most of an update's forward.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -36,6 +44,9 @@ class PackedBatch:
         state_pos, action_pos: ``(N, 2)`` ``(row, position)`` of each turn's last prompt token and
             last action token (critic features are read there).
         turn_refs: ``(trajectory index, turn index)`` of each flat turn.
+        prefix: ``(model id, k, hidden)``: the output of that model's first ``k`` blocks at every
+            position, ``(B, T, H)``, computed once (``frozen_prefix``); ``score`` on that model then
+            runs only the blocks above (any other model, e.g. a reference, runs them all).
     """
 
     input_ids: torch.Tensor
@@ -47,6 +58,7 @@ class PackedBatch:
     state_pos: torch.Tensor
     action_pos: torch.Tensor
     turn_refs: list[tuple[int, int]] = field(default_factory=list)
+    prefix: tuple[int, int, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -80,6 +92,7 @@ class PackedBatch:
             state_pos=repos(self.state_pos),
             action_pos=repos(self.action_pos),
             turn_refs=[r for r, k in zip(self.turn_refs, keep_turn.tolist()) if k],
+            prefix=None if self.prefix is None else (*self.prefix[:2], self.prefix[2][rows, :width]),
         )
         return sub, keep_tok
 
@@ -194,16 +207,31 @@ def score(model: torch.nn.Module, batch: PackedBatch, *, entropy: bool = False, 
     a forward of the root.
     """
     device = next(model.parameters()).device
-    forward = getattr(model, "score_forward", None) or functools.partial(score_forward, model)
-    logprobs, ent, h = forward(batch.input_ids.to(device), batch.attention_mask.to(device),
-                               batch.score_mask.to(device), batch.targets.to(device), entropy, hidden, hidden_layer)
+    args = (batch.input_ids.to(device), batch.attention_mask.to(device), batch.score_mask.to(device),
+            batch.targets.to(device), entropy, hidden, hidden_layer)
+    if batch.prefix is not None and batch.prefix[0] == id(model) and not hidden:  # run the blocks above it
+        _, k, h0 = batch.prefix
+        logprobs, ent, h = score_forward(model, *args, prefix=(k, h0.to(device)))
+    else:
+        forward = getattr(model, "score_forward", None) or functools.partial(score_forward, model)
+        logprobs, ent, h = forward(*args)
     return ScoredBatch(logprobs=logprobs, entropy=ent, hidden=h)
 
 
 def score_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, mask: torch.Tensor,
-                  targets: torch.Tensor, entropy: bool, hidden: bool, hidden_layer: int | None = None) -> tuple:
-    """``score``'s forward on device tensors: ``(logprobs (M,), entropy (M,) or None, hidden or None)``."""
+                  targets: torch.Tensor, entropy: bool, hidden: bool, hidden_layer: int | None = None,
+                  prefix: tuple[int, torch.Tensor] | None = None) -> tuple:
+    """``score``'s forward on device tensors: ``(logprobs (M,), entropy (M,) or None, hidden or None)``;
+    with ``prefix = (k, (B, T, H) hidden)``, from the output of block k-1 on (no ``hidden``)."""
     backbone, head = backbone_and_head(model)
+    if not hidden:  # only real positions are read: a right-padded batch runs the causal kernel
+        attention_mask = causal_kernel_mask(attention_mask)
+    if prefix is not None:
+        k, h0 = prefix
+        with _only_blocks(backbone, k, None):
+            h = backbone(inputs_embeds=h0, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        logprobs, ent = Fn.token_logprobs_and_entropy(head(h[mask]), targets[mask], entropy)
+        return logprobs, ent, None
     kept: list[torch.Tensor] = []
     hook = None
     if hidden and hidden_layer is not None:
@@ -221,3 +249,144 @@ def score_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     logits = head(h[mask])  # (M, V): the head runs only where a policy token is predicted
     logprobs, ent = Fn.token_logprobs_and_entropy(logits, targets[mask], entropy)
     return logprobs, ent, None if not hidden else kept[0] if hook is not None else h
+
+
+def causal_kernel_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """``None`` for a right-padded batch (each row real tokens, then padding), else the mask.
+
+    Under causal attention a real token never sees the padding after it, so a right-padded batch
+    gives the same outputs at every real position without a mask; without one, attention runs the
+    causal kernel, which skips the masked half (SDPA on a CPU: 1.7x faster forward and backward
+    than the same mask given explicitly). Outputs at padded positions differ: read none of them.
+    """
+    if attention_mask.shape[1] > 1 and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
+        return attention_mask  # a row with padding before a real token
+    return None
+
+
+# ----- the frozen lower blocks, computed once per fit ------------------------------------------------
+@contextlib.contextmanager
+def _only_blocks(backbone: torch.nn.Module, start: int, stop: int | None):
+    """Inside: ``backbone``'s forward runs blocks ``start:stop`` only, from ``inputs_embeds`` (taken as
+    the input of block ``start``); with ``stop`` set, its output is that block's raw output (no final
+    norm). Positions, the causal mask and rotary embeddings are made by the backbone as usual."""
+    layers, norm = backbone.layers, backbone.norm
+    backbone.layers = torch.nn.ModuleList(list(layers)[start:stop])
+    if stop is not None:
+        backbone.norm = torch.nn.Identity()
+    try:
+        yield
+    finally:
+        backbone.layers, backbone.norm = layers, norm
+
+
+def frozen_blocks(model: torch.nn.Module) -> int:
+    """How many of the model's lowest blocks are frozen together with its embeddings and compute the
+    same thing in training as in eval mode (no dropout), so their output can be computed once per fit.
+    0 for a PEFT (LoRA) or FSDP-sharded model, trainable embeddings, or a model whose blocks the
+    split forward does not reproduce (``_split_agrees``)."""
+    if hasattr(model, "peft_config") or hasattr(model, "score_forward"):
+        return 0
+    backbone, _ = backbone_and_head(model)
+    layers = getattr(backbone, "layers", None)
+    embed = model.get_input_embeddings()
+    if layers is None or any(p.requires_grad for p in embed.parameters()):
+        return 0
+    if float(getattr(backbone.config, "attention_dropout", 0.0) or 0.0) > 0:
+        return 0
+    k = 0
+    for block in layers:
+        if any(p.requires_grad for p in block.parameters()):
+            break
+        if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in block.modules()):
+            break
+        k += 1
+    if k == 0 or k == len(layers) or not _split_agrees(model, k):
+        return 0
+    return k
+
+
+_AGREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {k: whether the split agrees}
+
+
+@torch.no_grad()
+def _split_agrees(model: torch.nn.Module, k: int) -> bool:
+    """Whether blocks 0:k then k: (``_only_blocks``) give the model's own forward, on a short padded
+    probe batch in fp32 (once per model and k)."""
+    seen = _AGREES.setdefault(model, {})
+    if k not in seen:
+        backbone, _ = backbone_and_head(model)
+        device = next(model.parameters()).device
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, model.get_input_embeddings().weight.shape[0], (2, 9), generator=g).to(device)
+        attn = torch.ones_like(ids)
+        attn[1, 6:] = 0  # a shorter row, right-padded as pack_batch pads
+        training = model.training
+        model.eval()
+        try:
+            want = backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+            with _only_blocks(backbone, 0, k):
+                h = backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+            with _only_blocks(backbone, k, None):
+                got = backbone(inputs_embeds=h, attention_mask=attn, use_cache=False).last_hidden_state
+            real = attn.bool()
+            seen[k] = bool(torch.allclose(got[real], want[real], atol=1e-4, rtol=1e-4))
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            seen[k] = False
+        finally:
+            model.train(training)
+    return seen[k]
+
+
+@torch.no_grad()
+def frozen_prefix(model: torch.nn.Module, batch: PackedBatch, chunk_rows: int, autocast: Any = None,
+                  on_chunk: Any = None) -> PackedBatch:
+    """``batch`` carrying the output of the model's frozen lower blocks (``frozen_blocks``) at every
+    position (``PackedBatch.prefix``), computed now, ``chunk_rows`` rows at a time (each chunk cut to
+    its longest row, as ``select_rows`` cuts a micro-batch); ``batch`` itself when no block is frozen.
+
+    Args:
+        model: The trained model (its frozen blocks' weights must not change while the batch is used).
+        batch: The episodes of a fit.
+        chunk_rows: Rows per forward.
+        autocast: A context-manager factory for the forward (the update's mixed precision), or None.
+        on_chunk: Called as ``on_chunk(rows_done, rows)`` after each chunk (a progress bar's postfix).
+    """
+    k = frozen_blocks(model)
+    if k == 0:
+        return batch
+    backbone, _ = backbone_and_head(model)
+    device = next(model.parameters()).device
+    out = None
+    training = model.training
+    model.eval()  # no dropout either way (frozen_blocks checked); eval skips nothing else
+    try:
+        for i in range(0, batch.input_ids.shape[0], max(1, chunk_rows)):
+            rows = list(range(i, min(batch.input_ids.shape[0], i + chunk_rows)))
+            width = int(batch.attention_mask[rows].sum(dim=1).max())
+            ids = batch.input_ids[rows, :width].to(device)
+            attn = causal_kernel_mask(batch.attention_mask[rows, :width].to(device))
+            with (autocast() if autocast is not None else contextlib.nullcontext()), _only_blocks(backbone, 0, k):
+                h = backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+            if out is None:
+                out = h.new_zeros(batch.input_ids.shape[0], batch.input_ids.shape[1], h.shape[-1])
+            out[i : i + len(rows), :width] = h
+            if on_chunk is not None:
+                on_chunk(i + len(rows), batch.input_ids.shape[0])
+    finally:
+        model.train(training)
+    return dataclasses.replace(batch, prefix=(id(model), k, out))
+
+
+def join_prefixes(batch: PackedBatch, parts: list[PackedBatch]) -> PackedBatch:
+    """``batch`` (``pack_batch`` of some episodes) carrying the prefixes of ``parts`` (each the
+    ``pack_batch`` of one of those episodes, in the same order, with ``frozen_prefix``); ``batch``
+    itself when a part has none."""
+    if not parts or any(p.prefix is None for p in parts):
+        return batch
+    width = batch.input_ids.shape[1]
+    hidden = torch.cat([torch.nn.functional.pad(p.prefix[2][:, :width], (0, 0, 0, width - min(width, p.prefix[2].shape[1])))
+                        for p in parts])
+    if hidden.shape[0] != batch.input_ids.shape[0]:
+        raise ValueError(f"the parts hold {hidden.shape[0]} rows, the batch {batch.input_ids.shape[0]}")
+    return dataclasses.replace(batch, prefix=(*parts[0].prefix[:2], hidden))

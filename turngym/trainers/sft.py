@@ -25,10 +25,10 @@ import torch
 
 from turngym.config import knob
 from turngym.rollout import Collector, EnvTarget
-from turngym.trainers.actor import prepare_trainable
+from turngym.trainers.actor import autocast, prepare_trainable
 from turngym.trainers.likelihood import likelihood_step
 from turngym.trainers.logger import advance_bar, progress_bar
-from turngym.trainers.sequences import pack_batch
+from turngym.trainers.sequences import frozen_prefix, join_prefixes, pack_batch
 from turngym.types import Trajectory
 
 
@@ -115,6 +115,10 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
     model.train()
     epoch_loss, step, hook_s = float("nan"), 0, 0.0  # hook_s: time in on_step, not training time
     t_train = time.perf_counter()  # the budget counts updates only: the expert data is made once
+    parts = []  # per demonstration, the frozen lower blocks' output, once for every epoch (trainable: top:K)
+    if cfg.epochs > 1:
+        parts = [frozen_prefix(model, pack_batch([t], policy.pad_id), 1, lambda: autocast(model, cfg.autocast))
+                 for t in data]
     trained_s = lambda: time.perf_counter() - t_train - hook_s
     over = lambda: bool(cfg.time_budget_s) and trained_s() >= cfg.time_budget_s
     for epoch in range(cfg.epochs):
@@ -123,6 +127,7 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
         total, count = 0.0, 0
         for i in range(0, len(order), cfg.batch_size):
             batch = pack_batch([data[j] for j in order[i : i + cfg.batch_size]], policy.pad_id)
+            batch = join_prefixes(batch, [parts[j] for j in order[i : i + cfg.batch_size]] if parts else [])
             every_token = torch.ones(batch.num_tokens)  # a demonstration is cloned whole
             loss = likelihood_step(model, opt, [(batch, every_token)], lr=cfg.lr, max_grad_norm=cfg.max_grad_norm,
                                    autocast_mode=cfg.autocast)["loss"]

@@ -88,7 +88,7 @@ class OnlineConfig:
     rollout_engine: str = knob("hf", "who generates the episodes: hf (the trained model itself) | vllm (a vLLM "
                                      "engine synced with the trained weights before each collection; one process, "
                                      "trainable all or top:K; see turngym/rollout/engine.py) | auto (vllm "
-                                     "where it is installed and the run allows it, else hf)")
+                                     "on a GPU where it is installed and the run allows it, else hf)")
     vllm: dict = knob({}, "vLLM engine options when rollout_engine=vllm (vllm.LLM keyword arguments, plus "
                             "kv_cache_gib; default max_model_len 4096, kv_cache_gib 4)")
     async_staleness: int = knob(-1, "-1: collect, then update; k >= 0: keep collecting on a background thread "

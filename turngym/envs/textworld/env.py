@@ -164,6 +164,7 @@ class TextWorldEnv(EngineBacked, WalkthroughMixin, TextEnv):
 
     # ----- engine ---------------------------------------------------------------------------
     engine_target = "turngym.envs.textworld.engine:TextWorldEngine"
+    engine_preload = ("textworld", "turngym.envs.textworld.engine")  # engines fork from a warm server
 
     def _infos(self) -> dict[str, bool]:
         return {"score": True, "won": True, "lost": True, "facts": True, "moves": True,

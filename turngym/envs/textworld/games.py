@@ -6,8 +6,9 @@ fixed seeds, compiled to ``.z8`` (+ ``.json``) and cached under
 seeds from its own range, so train and test never share a seed; ``content_hash`` lets tests check
 that they never share a game either.
 
-Generation runs in a child process with ``PYTHONHASHSEED=0``: TextWorld's generators iterate over
-Python sets, so under hash randomisation the same seed gives different games in different runs.
+Generation runs in a child process with ``PYTHONHASHSEED=0`` (and its worker processes, one per
+core, inherit it): TextWorld's generators iterate over Python sets, so under hash randomisation the
+same seed gives different games in different runs.
 A file lock makes it safe for many processes (subprocess env workers) to ask for the same split
 at once: one generates, the others wait and read its index.
 
@@ -31,6 +32,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from turngym.clock import CLOCK, bar
 
 SPLITS = ("train", "test")
 INDEX = "index.json"
@@ -213,7 +216,8 @@ def ensure_games(level: str, split: str, num_games: int | None = None, root: str
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             index = read_index(folder)
             if not _index_ok(index, suite, n):
-                _run_generator(level, split, n, folder)
+                with CLOCK.kind("game_generation"):
+                    _run_generator(level, split, n, folder)
                 index = read_index(folder)
     if not _index_ok(index, suite, n):
         raise RuntimeError(f"TextWorld game generation left an incomplete index in {folder}")
@@ -258,10 +262,8 @@ def _run_generator(level: str, split: str, n: int, folder: Path) -> None:
 def _wait_with_progress(proc: subprocess.Popen, folder: Path, have: int, n: int, limit: float) -> int | None:
     """The child's exit code, with a progress bar fed by the index it writes after every game;
     ``None`` (the child killed) past ``limit`` seconds."""
-    from tqdm.auto import tqdm
-
     deadline = time.monotonic() + limit
-    with tqdm(total=n - have, desc="games", unit="game", leave=False) as bar:
+    with bar(n - have, f"generating {folder.parent.name}/{folder.name} games", "game") as progress:
         while True:
             try:
                 code = proc.wait(timeout=1.0)
@@ -269,7 +271,7 @@ def _wait_with_progress(proc: subprocess.Popen, folder: Path, have: int, n: int,
                 code = None
             index = read_index(folder) or {}
             done = len(index.get("games", [])) or have
-            bar.update(max(0, min(n, done) - have - bar.n))
+            progress.update(max(0, min(n, done) - have - progress.n))
             if code is not None:
                 return code
             if time.monotonic() > deadline:
@@ -279,11 +281,16 @@ def _wait_with_progress(proc: subprocess.Popen, folder: Path, have: int, n: int,
 
 
 # ----- the generator (runs in the child process, under the split's lock) ------------------------
-def generate(level: str, split: str, n: int, folder: Path) -> dict:
-    """Extend ``folder``'s index to ``n`` games. Needs ``PYTHONHASHSEED=0`` to be deterministic."""
-    import textworld  # heavy: only the generator process imports it
-    import textworld.challenges
-    from textworld.generator import compile_game
+def generate(level: str, split: str, n: int, folder: Path, workers: int | None = None) -> dict:
+    """Extend ``folder``'s index to ``n`` games. Needs ``PYTHONHASHSEED=0`` to be deterministic.
+
+    Candidates are made and compiled in ``workers`` processes (default: one per usable core, at
+    most 4): a game costs two Inform 7 compiles (TextWorld's maker compiles one to record the
+    walkthrough's events, then the final game is compiled), about 1 s of CPU. Each candidate's
+    game depends only on its seed, and results join the index in candidate order (a duplicate of
+    an earlier game is dropped there), so the sequence is the one a single process makes.
+    """
+    import multiprocessing
 
     if os.environ.get("PYTHONHASHSEED") != "0":
         raise RuntimeError("TextWorld generation is only deterministic with PYTHONHASHSEED=0")
@@ -297,34 +304,66 @@ def generate(level: str, split: str, n: int, folder: Path) -> dict:
             stale.unlink()
         index = {"level": level, "split": split, "fingerprint": suite.fingerprint, "next_candidate": 0, "games": []}
     seen = {g["content_hash"] for g in index["games"]}
-    # Games are made one after another here (deterministic), and compiled by Inform 7 (a child
-    # process, ~1 s each: most of a game's cost) on every core at once; records join the index in
-    # candidate order, so the sequence is the same as compiling one at a time.
+    workers = workers or max(1, min(4, len(os.sched_getaffinity(0))))
     pending: collections.deque = collections.deque()
     c = index["next_candidate"]
-    workers = max(1, min(4, os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+    # spawn: fresh workers (PYTHONHASHSEED=0 from our environment), never a fork of this process
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
         while len(index["games"]) < n:
-            if len(index["games"]) + len(pending) < n:
-                job = _make_game(textworld, suite, level, split, c, seen)
+            while len(pending) < 2 * workers:  # every worker busy, a few candidates ahead
+                pending.append(pool.submit(_make_and_compile, level, split, c, str(folder)))
                 c += 1
-                if job is None:
-                    continue
-                if "skipped" in job:
-                    index.setdefault("skipped", []).append(job)
-                    continue
-                name = f"{len(index['games']) + len(pending):04d}"
-                future = pool.submit(_compile_into, job.pop("game"), job.pop("options"), folder, name, compile_game)
-                pending.append((future, name, job))
-                if len(pending) < workers and len(index["games"]) + len(pending) < n:
-                    continue  # keep every compiler busy
-            future, name, job = pending.popleft()
-            future.result()  # a failed compile raises here
-            candidate = job.pop("candidate")
-            index["games"].append(asdict(GameRecord(task_id=f"{level}-{split}-{name}", file=f"{name}.z8", **job)))
-            index["next_candidate"] = candidate + 1  # an interrupted run restarts after the last game kept
-            _write_json_atomic(folder / INDEX, index)  # progress survives an interrupted run
+            _keep(pending.popleft().result(), index, seen, folder, f"{level}-{split}")
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # candidates made past the n-th game are not needed
+        for leftover in folder.glob(".gen-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
     return index
+
+
+def _keep(job: dict | None, index: dict, seen: set, folder: Path, prefix: str) -> None:
+    """Add one candidate's game to the index (or its skip record, or nothing for a candidate out of
+    range or a duplicate), in candidate order, and write the index."""
+    if job is None:
+        return
+    if "skipped" in job:
+        index.setdefault("skipped", []).append(job)
+        return
+    tmp = Path(job.pop("dir"))
+    candidate = job.pop("candidate")
+    if job["content_hash"] in seen:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    seen.add(job["content_hash"])
+    name = f"{len(index['games']):04d}"
+    os.replace(tmp / "game.json", folder / f"{name}.json")
+    os.replace(tmp / "game.z8", folder / f"{name}.z8")
+    shutil.rmtree(tmp, ignore_errors=True)
+    index["games"].append(asdict(GameRecord(task_id=f"{prefix}-{name}", file=f"{name}.z8", **job)))
+    index["next_candidate"] = candidate + 1  # an interrupted run restarts after the last game kept
+    _write_json_atomic(folder / INDEX, index)  # progress survives an interrupted run
+
+
+def _make_and_compile(level: str, split: str, c: int, folder: str) -> dict | None:
+    """In a worker: candidate ``c``'s record fields with its game compiled into a private temp
+    folder (``dir``), a skip record, or ``None`` (walkthrough length out of range)."""
+    import textworld  # heavy: only the generator's workers import it
+    import textworld.challenges
+    from textworld.generator import compile_game
+
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        raise RuntimeError("TextWorld generation is only deterministic with PYTHONHASHSEED=0")
+    job = _make_game(textworld, get_suite(level), level, split, c, set())
+    if job is None or "skipped" in job:
+        return job
+    game, options = job.pop("game"), job.pop("options")
+    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".gen-"))
+    options.path = str(tmp / "game.z8")
+    options.file_ext = ".z8"
+    options.force_recompile = True
+    compile_game(game, options)
+    return {**job, "dir": str(tmp)}
 
 
 def _make_game(textworld, suite: Suite, level: str, split: str, c: int, seen: set) -> dict | None:
@@ -356,20 +395,6 @@ def _make_game(textworld, suite: Suite, level: str, split: str, c: int, seen: se
     return {"game": game, "options": options, "candidate": c, "task_type": variant.task_type,
             "challenge": variant.challenge, "settings": settings, "seed": seed, "walkthrough": list(game.walkthrough),
             "objective": game.objective, "max_score": int(game.max_score), "content_hash": digest}
-
-
-def _compile_into(game, options, folder: Path, name: str, compile_game) -> None:
-    """Compile in a private temp folder, then rename into place (atomic on one filesystem)."""
-    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".gen-"))
-    try:
-        options.path = str(tmp / f"{name}.z8")
-        options.file_ext = ".z8"
-        options.force_recompile = True
-        compile_game(game, options)
-        os.replace(tmp / f"{name}.json", folder / f"{name}.json")
-        os.replace(tmp / f"{name}.z8", folder / f"{name}.z8")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:

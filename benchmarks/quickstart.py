@@ -1,0 +1,99 @@
+"""The whole quickstart (``turngym train``, warm caches) of two checkouts, back to back, in one run.
+
+Each version runs ``python -m turngym.cli train --quiet`` into its own output folder (so nothing
+resumes), with the games already generated. The table gives each version's wall time, the seconds
+of its stages (from what every version records: the SFT stage's ``sft/seconds``, each evaluation's
+``wall_s``, the RL stage's ``train_seconds``), its held-out success after SFT and after the RL
+stage, and the paired difference; a version that records it also gives its time breakdown
+(``summary.json``'s ``time_breakdown``).
+
+    python benchmarks/quickstart.py --compare /tmp/before            # before, then this checkout
+    python benchmarks/quickstart.py --compare /tmp/before --rounds 2 # A B A B
+    python benchmarks/quickstart.py --set branch.actor_epochs=4      # overrides for both versions
+
+Results: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+def run_version(tree: str, out: Path, overrides: list[str]) -> dict:
+    """``turngym train`` from ``tree`` into ``out``; its wall time, summary and stage records."""
+    cmd = [sys.executable, "-m", "turngym.cli", "train", "--quiet", "--output-dir", str(out)]
+    for o in overrides:
+        cmd += ["--set", o]
+    env = {**os.environ, "PYTHONPATH": tree, "TURNGYM_PROGRESS": "never"}
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    summary = json.loads((out / "summary.json").read_text())
+    stages = json.loads((out / "stages.json").read_text())
+    return {"wall_s": wall, "load": load, "load_end": os.getloadavg()[0], "summary": summary, "stages": stages}
+
+
+def stage_seconds(r: dict) -> dict[str, float]:
+    s = r["stages"]
+    return {"sft": s.get("sft", {}).get("sft/seconds", 0.0), "eval_sft": s.get("eval_sft", {}).get("wall_s", 0.0),
+            "rl": s.get("rl", {}).get("train_seconds", 0.0), "eval_final": s.get("eval_final", {}).get("wall_s", 0.0)}
+
+
+def table(results: dict[str, dict]) -> str:
+    names = list(results)
+    lines = ["| | " + " | ".join(names) + (" | ratio |" if len(names) == 2 else " |"),
+             "|---" * (len(names) + 1 + (len(names) == 2)) + "|"]
+
+    def row(label, values, fmt="{:.0f}", ratio=True):
+        cells = [fmt.format(v) for v in values]
+        extra = f" | {values[0] / values[1]:.2f}x" if ratio and len(values) == 2 and values[1] else (" |" if len(values) == 2 else "")
+        lines.append(f"| {label} | " + " | ".join(cells) + extra + (" |" if extra.endswith("x") else ""))
+
+    row("wall, s", [results[n]["wall_s"] for n in names])
+    for k in ("sft", "eval_sft", "rl", "eval_final"):
+        row(f"{k}, s", [stage_seconds(results[n])[k] for n in names])
+    for k in ("sft", "final"):
+        row(f"held-out success after {k}", [results[n]["summary"]["success"].get(k, float("nan")) for n in names],
+            "{:.1%}", ratio=False)
+    diffs = [results[n]["summary"]["held_out"].get("final", {}).get("vs_sft", {}) for n in names]
+    lines.append("| paired final - SFT | " + " | ".join(
+        f"{d['diff']:+.1%} [{d['ci95'][0]:+.1%}, {d['ci95'][1]:+.1%}]" if d else "-" for d in diffs)
+        + (" | |" if len(names) == 2 else " |"))
+    lines.append("| load (start-end) | " + " | ".join(f"{results[n]['load']:.1f}-{results[n]['load_end']:.1f}" for n in names)
+                 + (" | |" if len(names) == 2 else " |"))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compare", default=None, help="a checkout of the version to compare against (run first)")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to both versions")
+    p.add_argument("--out", default=None, help="where the runs go (default: a temporary folder)")
+    args = p.parse_args()
+    root = Path(args.out or tempfile.mkdtemp(prefix="turngym-quickstart-"))
+    versions = {"before": args.compare, "after": str(HERE)} if args.compare else {"this": str(HERE)}
+    runs: dict[str, list[dict]] = {n: [] for n in versions}
+    for r in range(args.rounds):
+        for name, tree in versions.items():
+            runs[name].append(run_version(tree, root / f"{name}-{r}", args.set))
+            print(name, r, f"{runs[name][-1]['wall_s']:.0f} s", json.dumps(stage_seconds(runs[name][-1])), flush=True)
+            bd = runs[name][-1]["summary"].get("time_breakdown")
+            if bd:
+                print(json.dumps(bd), flush=True)
+    best = {n: min(rs, key=lambda x: x["wall_s"]) for n, rs in runs.items()}
+    print(table(best))
+
+
+if __name__ == "__main__":
+    main()

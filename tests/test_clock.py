@@ -1,0 +1,119 @@
+"""Where a run's time goes (``turngym.clock``): seconds charged by hand-made ticks, and the progress
+bars of ``turngym train`` (they exist for every long stage; ``--quiet`` silences them)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from fixtures_model import build_tiny_model
+
+from turngym.clock import Clock, bars_on, breakdown_table, quiet
+from turngym.train import EvalConfig, TrainConfig, run
+from turngym.trainers.branch_bc import BranchBCConfig
+from turngym.trainers.sft import SFTConfig
+
+
+class Ticks:
+    """A timer that reads whatever the test set: seconds move only when the test says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_clock_charges_each_second_to_the_innermost_stage_and_kind():
+    t = Ticks()
+    clock = Clock(timer=t)
+    t.now = 1.0  # 1 s outside any stage, no kind
+    with clock.stage("eval"):
+        t.now = 3.0  # 2 s in eval, other
+        with clock.kind("generation"):
+            t.now = 7.0  # 4 s generating
+            with clock.kind("env_step"):  # an inner kind pauses the outer one
+                t.now = 8.5  # 1.5 s stepping
+            t.now = 9.0  # 0.5 s generating again
+        with clock.stage("inner"):
+            with clock.kind("update"):
+                t.now = 12.0  # 3 s in eval/inner, update
+    t.now = 13.0
+    b = clock.breakdown()
+    assert b["total_s"] == 13.0
+    assert b["by_stage"] == {"": {"other": 2.0}, "eval": {"other": 2.0, "generation": 4.5, "env_step": 1.5},
+                             "eval/inner": {"update": 3.0, "other": 0.0}}
+    assert b["by_kind"] == {"other": 4.0, "generation": 4.5, "env_step": 1.5, "update": 3.0}
+    assert sum(b["by_kind"].values()) == b["total_s"]  # the kinds add up to the wall time
+    table = breakdown_table(b).splitlines()
+    assert table[0].split() == ["stage", "total", "generation", "env_step", "update", "other"]
+    assert table[1].split()[0] == "(outside" and table[2].split() == ["eval", "8.0", "4.5", "1.5", "0.0", "2.0"]
+    assert table[3].split() == ["eval/inner", "3.0", "0.0", "0.0", "3.0", "0.0"]
+    assert table[-1].split() == ["total", "13.0", "4.5", "1.5", "3.0", "4.0"]
+
+
+def test_clock_ignores_other_threads_and_decorated_calls_count():
+    t = Ticks()
+    clock = Clock(timer=t)
+
+    @clock.timed("update")
+    def step():
+        t.now += 2.0
+
+    step()
+
+    def background():
+        with clock.kind("generation"):  # overlaps the main thread's time: not counted
+            t.now += 5.0
+
+    worker = threading.Thread(target=background)
+    worker.start()
+    worker.join()
+    assert clock.breakdown()["by_kind"] == {"other": 5.0, "update": 2.0}
+
+
+def test_bars_follow_quiet_and_the_environment(monkeypatch):
+    monkeypatch.setenv("TURNGYM_PROGRESS", "always")
+    assert bars_on()
+    with quiet():
+        assert not bars_on()
+        with quiet(False):  # an inner call cannot turn bars back on
+            assert not bars_on()
+    monkeypatch.setenv("TURNGYM_PROGRESS", "never")
+    assert not bars_on()
+
+
+def _tiny_run(tmp_path, tiny_tokenizer, name):
+    model_dir = tmp_path / "tiny"
+    if not model_dir.exists():
+        build_tiny_model(tiny_tokenizer).save_pretrained(model_dir)
+        tiny_tokenizer.save_pretrained(model_dir)
+    return TrainConfig(
+        model=f"hf:{model_dir}", algo="branch_bc", env_id="tests/Guess-v0", env_kwargs={"tool_format": "text"},
+        train_split="", output_dir=str(tmp_path / name),
+        sft=SFTConfig(episodes=2, epochs=1, batch_size=2, autocast="none"),
+        branch=BranchBCConfig(iterations=1, episodes_per_iter=3, num_envs=3, max_new_tokens=6, branch_points=1,
+                              branch_width=2, branch_depth=1, expert_replay=2, minibatch_size=2, autocast="none"),
+        eval=EvalConfig(episodes=2, split="", max_new_tokens=6, num_envs=2),
+    )
+
+
+BARS = ("sft", "eval sft", "screen", "search 1/1", "fit", "eval final", "branch_bc")
+
+
+def test_train_shows_a_bar_for_every_long_stage_and_quiet_silences_them(tmp_path, tiny_tokenizer, capsys, monkeypatch):
+    monkeypatch.setenv("TURNGYM_PROGRESS", "always")  # as on a terminal
+    summary = run(_tiny_run(tmp_path, tiny_tokenizer, "loud"), progress=True)
+    err = capsys.readouterr().err
+    missing = [name for name in BARS if f"{name}:" not in err]
+    assert not missing, f"no progress bar for {missing}"
+    stages = summary["time_breakdown"]["by_stage"]
+    for stage in ("load", "sft", "eval_sft", "branch_bc/screen", "branch_bc/search", "branch_bc/fit", "eval_final"):
+        assert stage in stages, stage
+    kinds = summary["time_breakdown"]["by_kind"]
+    assert {"generation", "env_step", "env_startup", "update", "other"} <= set(kinds)
+    assert sum(kinds.values()) == pytest.approx(summary["time_breakdown"]["total_s"], rel=1e-6)
+
+    run(_tiny_run(tmp_path, tiny_tokenizer, "quiet"), progress=False)  # turngym train --quiet
+    err = capsys.readouterr().err
+    assert not [name for name in BARS if f"{name}:" in err], err[-2000:]
