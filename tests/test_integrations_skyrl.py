@@ -34,6 +34,8 @@ def play(env: TurngymTextEnv, replies=None) -> tuple[float, int, list[dict]]:
 
 
 def test_every_turngym_id_is_in_the_skyrl_registry():
+    assert {i for i in turngym.list_envs() if i.startswith("turngym/")} <= set(skyrl_gym.registry)  # at import
+    register_envs()  # ids registered after the import (other test modules register their own envs)
     assert set(turngym.list_envs()) <= set(skyrl_gym.registry)
     assert register_envs() == []  # registering again adds nothing
 

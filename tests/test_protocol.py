@@ -143,7 +143,8 @@ def test_time_budgets_and_hooks(tmp_path, tiny_tokenizer):
     assert res["sft/steps"] == 1 and [m["sft/step"] for m in steps] == [1] and res["sft/train_seconds"] > 0
 
 
-def test_a_time_budgeted_trainer_bar_counts_seconds_not_the_iteration_cap(tmp_path, tiny_tokenizer, capsys):
+def test_a_time_budgeted_trainer_bar_counts_seconds_not_the_iteration_cap(tmp_path, tiny_tokenizer, capsys, monkeypatch):
+    monkeypatch.setenv("TURNGYM_PROGRESS", "always")  # as on a terminal
     from turngym.agents.hf import HFPolicy
     from turngym.trainers.pg import PGConfig, PGTrainer
 
