@@ -90,6 +90,26 @@ def test_gymnasium_checker_and_determinism(env_id):
         env.close()
 
 
+LLM_IDS = [i for i in ENV_IDS if gym.spec(i).nondeterministic]
+COUNTERPART = {"turngym/CarDealer-llm-v0": "buyer"}  # the others take an answerer
+
+
+@pytest.mark.parametrize("env_id", LLM_IDS)
+def test_gymnasium_checker_on_envs_a_language_model_answers_in(env_id, tiny_model):
+    """The checker as it ships, with a tiny random model as the counterpart: the spec says
+    nondeterministic, so Gymnasium itself leaves out its same-seed comparisons."""
+    from turngym.agents.hf import HFPolicy
+
+    counterpart = HFPolicy(tiny_model.model, tiny_model.tokenizer)
+    env = turngym.make(env_id, split="test", **{COUNTERPART.get(env_id, "answerer"): counterpart})
+    try:
+        check_env(env.unwrapped, skip_render_check=True, skip_close_check=True)
+        obs, info = env.reset(seed=0)
+        assert info["nondeterministic"] is True and obs
+    finally:
+        env.close()
+
+
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_turn_limit_truncates(env_id):
     env = _make(env_id)
