@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from checkout import check_imports_from, checkout_env
+
 HERE = Path(__file__).resolve().parent.parent
 
 CHILD = """
@@ -40,11 +42,12 @@ for split, n in (("train", int(sys.argv[2])), ("test", int(sys.argv[3]))):
 
 def run_version(tree: str, train: int, test: int) -> dict:
     root = tempfile.mkdtemp(prefix="turngym-games-")
-    env = {**os.environ, "PYTHONPATH": tree, "TURNGYM_PROGRESS": "never"}
+    check_imports_from(tree)
+    env = checkout_env(tree, TURNGYM_PROGRESS="never")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", CHILD, root, str(train), str(test)], env=env, check=True,
+    subprocess.run([sys.executable, "-c", CHILD, root, str(train), str(test)], env=env, cwd=tree, check=True,
                    stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -25,18 +25,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from checkout import check_imports_from, checkout_env
+
 HERE = Path(__file__).resolve().parent.parent
 
 
 def run_version(tree: str, out: Path, overrides: list[str]) -> dict:
     """``turngym train`` from ``tree`` into ``out``; its wall time, summary and stage records."""
-    cmd = [sys.executable, "-m", "turngym.cli", "train", "--quiet", "--output-dir", str(out)]
+    cmd = [sys.executable, "-m", "turngym.cli", "train", "--quiet", "--output-dir", str(Path(out).resolve())]
     for o in overrides:
         cmd += ["--set", o]
-    env = {**os.environ, "PYTHONPATH": tree, "TURNGYM_PROGRESS": "never"}
+    check_imports_from(tree)
+    env = checkout_env(tree, TURNGYM_PROGRESS="never")
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, env=env, cwd=tree, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     summary = json.loads((out / "summary.json").read_text())
     stages = json.loads((out / "stages.json").read_text())

@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from checkout import check_imports_from, checkout_env
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads must not spin on a shared machine
 
 HERE = Path(__file__).resolve().parent.parent
@@ -369,11 +371,11 @@ def child(args) -> None:
 
 def run_version(tree: str, args) -> dict:
     """Measure the turngym in ``tree`` in a fresh process."""
-    cmd = [sys.executable, __file__, "--child", "--games", str(args.games), "--weights", args.weights,
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--games", str(args.games), "--weights", args.weights,
            "--sft-epochs", str(args.sft_epochs), "--update-epochs", str(args.update_epochs), "--tmp", args.tmp]
     cmd += ["--profile"] if args.profile else []
-    env = {**os.environ, "PYTHONPATH": tree}
-    out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+    check_imports_from(tree)
+    out = subprocess.run(cmd, env=checkout_env(tree), cwd=tree, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(next(line for line in out.splitlines() if line.startswith("ROOFLINE "))[9:])
 
 
