@@ -46,8 +46,11 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
-        return f.read().split(") ")[-1][0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
+            return f.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:  # reaped between the signal and the read
+        return False
 
 
 def _wait_dead(pid: int, within_s: float = 10.0) -> bool:
