@@ -88,3 +88,11 @@ class EveryGuess(HFPolicy):
         end = sorted(self.chat.end_token_ids)[:1]
         replies = [(str(n), self.chat.encode(str(n)) + end) for n in range(1, 9)][:k]
         return [[Utterance(text, ids, [0.0] * len(ids)) for text, ids in replies] for p in prompts]
+
+
+def guess_demonstrations(policy: HFPolicy, n: int = 4) -> list:
+    """``n`` oracle episodes of ``tests/Guess-v0`` (xml calls) recorded as ``policy``'s tokens."""
+    from turngym.rollout import Collector, EnvTarget
+
+    with Collector(policy) as collector:
+        return collector.demonstrations(EnvTarget("tests/Guess-v0", {"tool_format": "xml"}), n)

@@ -8,10 +8,9 @@ import copy
 
 import pytest
 import torch
-from fixtures_model import build_tiny_model
+from fixtures_model import build_tiny_model, guess_demonstrations
 
 from turngym.agents.hf import HFPolicy
-from turngym.rollout import Collector, EnvTarget
 from turngym.trainers.actor import prepare_trainable
 from turngym.trainers.likelihood import likelihood_step
 from turngym.trainers.sequences import frozen_blocks, frozen_prefix, join_prefixes, pack_batch, score
@@ -26,8 +25,7 @@ def deep(tiny_tokenizer):
 
 @pytest.fixture
 def demos(deep):
-    with Collector(deep) as collector:
-        return collector.demonstrations(EnvTarget("tests/Guess-v0", {"tool_format": "xml"}), 4)
+    return guess_demonstrations(deep)
 
 
 def test_the_split_forward_scores_and_steps_as_the_whole_one(deep, demos):

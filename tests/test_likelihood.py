@@ -7,16 +7,15 @@ import copy
 
 import pytest
 import torch
+from fixtures_model import guess_demonstrations
 
-from turngym.rollout import Collector, EnvTarget
 from turngym.trainers.likelihood import likelihood_step, optimizer_steps
 from turngym.trainers.sequences import pack_batch, score
 
 
 @pytest.fixture
 def demos(policy):
-    with Collector(policy) as collector:
-        return collector.demonstrations(EnvTarget("tests/Guess-v0", {"tool_format": "xml"}), 4)
+    return guess_demonstrations(policy)
 
 
 def test_the_loss_is_the_mean_nll_of_the_weighted_tokens(policy, demos):
