@@ -373,7 +373,7 @@ def test_top_k_critic_with_fresh_actions_resumes_exactly(tiny_tokenizer, tmp_pat
 def _tree_cfg(**kw):
     base = dict(iterations=1, episodes_per_iter=4, num_envs=4, max_new_tokens=6, critic_updates=8,
                 branch_points=1, branch_width=8, branch_depth=1, branch_by="state_key", critic_holdout=0.25,
-                critic_gate=0.0, actor_groups=8, awr_min_shift=0.0, minibatch_size=4, actor_lr=1e-3, autocast="none")
+                critic_gate=0.0, actor_groups=8, awr_min_shift=0.0, awr_margin=0.0, minibatch_size=4, actor_lr=1e-3, autocast="none")
     return ArcherConfig(**{**base, **kw})
 
 
@@ -478,6 +478,25 @@ def test_tree_awr_with_returns_trains_without_the_critic(tiny_tokenizer, tmp_pat
 
 def test_tree_awr_skips_states_where_the_target_matches_the_policy(tiny_tokenizer, tmp_path):
     trainer = _tree_trainer(tiny_tokenizer, tmp_path, awr_min_shift=0.999)  # no state moves that much
+    trainer.setup()
+    row = trainer.step()
+    assert row["actor/informative_states"] == 0 and "actor/pg_loss" not in row
+
+
+def test_tree_awr_never_targets_a_reply_the_env_rejected(tiny_tokenizer, tmp_path):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path)
+    trainer.setup()
+    assert trainer.step()["actor/informative_states"] > 0
+    for e in trainer.memory:  # every reply but the policy's own was rejected: no state has a valid alternative
+        own = int(e["logp"].argmax())
+        for k, t in enumerate(e["turns"]):
+            t.turns[0].info["action_valid"] = k == own
+    row = trainer._awr_update()
+    assert row["actor/informative_states"] == 0 and "actor/pg_loss" not in row
+
+
+def test_tree_awr_margin_leaves_states_the_critic_cannot_separate(tiny_tokenizer, tmp_path):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, awr_margin=5.0)  # rewards are 0/1: no margin reaches 5
     trainer.setup()
     row = trainer.step()
     assert row["actor/informative_states"] == 0 and "actor/pg_loss" not in row

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 from torch.testing import assert_close
 
@@ -179,3 +180,15 @@ def test_sibling_awr_weights_by_hand():
     w = Fn.sibling_awr_weights(logp, adv, [[0, 1], [2, 3]], beta=0.1)
     z = 0.9 + 0.1 * math.exp(2.0)
     torch.testing.assert_close(w, torch.tensor([0.9 / z, 0.1 * math.exp(2.0) / z, 0.5, 0.5, 0.0]))
+
+
+def test_sibling_margins_by_hand():
+    # state 1: own reply (highest log pi) has A=0.1, the others 0.4 and -0.2 -> margin 0.4 - 0.1 = 0.3
+    # state 2: own A=0.5 beats its only other (0.2) -> -0.3;  state 3: a lone reply -> -inf
+    logp = torch.log(torch.tensor([0.2, 0.7, 0.1, 0.6, 0.4, 1.0]))
+    adv = torch.tensor([0.4, 0.1, -0.2, 0.5, 0.2, 9.0])
+    margins = Fn.sibling_margins(logp, adv, [[0, 1, 2], [3, 4], [5]])
+    assert margins[:2] == pytest.approx([0.3, -0.3]) and margins[2] == float("-inf")
+    # the 0.4 reply was rejected by the env: state 1's best valid other is -0.2 -> -0.3
+    valid = torch.tensor([False, True, True, True, True, True])
+    assert Fn.sibling_margins(logp, adv, [[0, 1, 2], [3, 4], [5]], valid)[0] == pytest.approx(-0.3)

@@ -116,6 +116,9 @@ class ArcherConfig(OnlineConfig):
     awr_beta: float = knob(0.1, "AWR temperature (in reward units: the outcome is 1)")
     awr_values: str = knob("critic", "what ranks the siblings: critic (Q - V) | returns (what each sibling's episode "
                                      "earned after it: the tree alone, no critic; an ablation)")
+    awr_margin: float = knob(0.15, "awr: a state trains the actor only where the critic ranks another valid sibling above "
+                                   "the policy's own reply by at least this (reward units); below it the ranking is the "
+                                   "critic's noise among replies that earned alike (0 = every state)")
     awr_min_shift: float = knob(0.05, "a state trains the actor only when its AWR target moves at least this much "
                                       "probability (total variation) away from the policy's own choice among the siblings")
     actor_memory: int = knob(2048, "awr: sibling groups (states with their actions and features) the actor replays from")
@@ -180,6 +183,8 @@ class ArcherConfig(OnlineConfig):
             raise ValueError("branch_points, branch_width and branch_depth must be >= 1")
         if self.awr_beta <= 0 or not 0 <= self.awr_min_shift < 1 or min(self.actor_memory, self.actor_groups) < 1:
             raise ValueError("awr_beta must be > 0, awr_min_shift in [0, 1), actor_memory and actor_groups >= 1")
+        if self.awr_margin < 0:
+            raise ValueError(f"awr_margin must be >= 0, got {self.awr_margin}")
         if not 0 <= self.awr_min_weight < 1:
             raise ValueError(f"awr_min_weight must be in [0, 1), got {self.awr_min_weight}")
         if self.awr_values not in ("critic", "returns"):
@@ -591,14 +596,18 @@ class ArcherTrainer(OnlineTrainer):
             else:
                 s = self.critic.encode(_cat([e["s"] for e in self.memory]))
                 adv = Fn.double_q_min(*self.critic.q_values(s, _cat([e["sa"] for e in self.memory]))) - self.critic.value(s)
-        w = Fn.sibling_awr_weights(logp, adv, groups, cfg.awr_beta)
-        prior = Fn.sibling_awr_weights(logp, torch.zeros_like(adv), groups, cfg.awr_beta)  # pi on the siblings
-        shift = [0.5 * float((w[g] - prior[g]).abs().sum()) for g in groups]
-        useful = [i for i, d in enumerate(shift) if d >= cfg.awr_min_shift]
+        turns = [t for e in self.memory for t in e["turns"]]
+        # a reply the env rejected is never a target, whatever the critic says of it
+        valid = torch.tensor([t.turns[0].action_valid for t in turns])
+        margins = Fn.sibling_margins(logp, adv, groups, valid)
+        targets = [[r for r in g if valid[r]] for g in groups]
+        w = Fn.sibling_awr_weights(logp, adv, targets, cfg.awr_beta)
+        prior = Fn.sibling_awr_weights(logp, torch.zeros_like(adv), targets, cfg.awr_beta)  # pi on the siblings
+        shift = [0.5 * float((w[g] - prior[g]).abs().sum()) for g in targets]
+        useful = [i for i, d in enumerate(shift) if d >= cfg.awr_min_shift and margins[i] >= cfg.awr_margin]
         # the states where the critic most wants another reply; ties by memory order (oldest first)
         pick = sorted(sorted(useful, key=lambda i: -shift[i])[: cfg.actor_groups])
-        rows = [r for i in pick for r in groups[i] if float(w[r]) >= cfg.awr_min_weight]
-        turns = [t for e in self.memory for t in e["turns"]]
+        rows = [r for i in pick for r in targets[i] if float(w[r]) >= cfg.awr_min_weight]
         data = [turns[r] for r in rows] + self.experts
         weight = [float(w[r]) for r in rows] + [1.0] * sum(len(t.turns) for t in self.experts)
         out = {"actor/states": float(len(pick)), "actor/memory": float(len(self.memory)),

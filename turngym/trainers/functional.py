@@ -192,6 +192,32 @@ def sibling_auc(scores: torch.Tensor, values: torch.Tensor, groups: list[list[in
     return (wins / pairs if pairs else float("nan")), pairs
 
 
+def sibling_margins(logp: torch.Tensor, adv: torch.Tensor, groups: list[list[int]],
+                    valid: torch.Tensor | None = None) -> list[float]:
+    """How far the critic ranks each state's best other (valid) sibling above the policy's own reply.
+
+    The policy's own reply at a state is the sibling it gave the highest likelihood (the greedy
+    reply a tree's runner-ups were forced beside). A state whose margin is small holds no evidence
+    that another reply is better: among siblings that all earned the same, the differences are the
+    critic's noise, and a weighted likelihood would still raise the runner-ups toward them.
+
+    Args:
+        logp: ``(N,)`` log pi(a_i | s) of each action.
+        adv: ``(N,)`` A(s, a_i).
+        groups: Row indices of the actions of each state.
+        valid: ``(N,)`` bool, which actions may be preferred (the env accepted them); all by default.
+
+    Returns:
+        One margin per group, ``max_{i != own, valid} A_i - A_own`` (``-inf`` when no other is valid).
+    """
+    out = []
+    for g in groups:
+        own = max(g, key=lambda r: float(logp[r]))
+        others = [float(adv[r]) for r in g if r != own and (valid is None or bool(valid[r]))]
+        out.append(max(others) - float(adv[own]) if others else float("-inf"))
+    return out
+
+
 def sibling_awr_weights(logp: torch.Tensor, adv: torch.Tensor, groups: list[list[int]], beta: float) -> torch.Tensor:
     """Advantage-weighted targets over the sibling actions of each state.
 
