@@ -28,10 +28,11 @@ One iteration (``collect="tree"``, the default):
    one half of the tasks (``critic/sibling_auc_xfit``: how often Q - V ranks the sibling that earned
    more first). The turns of a fixed share of the training tasks (``critic_holdout``) never train
    the critic: their pairs, kept across iterations, give ``critic/sibling_auc``.
-5. actor: AWR at the states of the actor's memory (this and earlier iterations' siblings), plus the
-   SFT stage's ``expert_replay`` demonstrations, only while the out-of-sample sibling AUC (the
-   cross-fit, else the held-out tasks') is at least ``critic_gate``: a critic at chance does not
-   drive the actor.
+5. actor: AWR at the states of the actor's memory (this and earlier iterations' siblings) where the
+   critic ranks another valid reply above the policy's own by at least ``awr_margin`` (replies the
+   env rejected are never targets), plus the SFT stage's ``expert_replay`` demonstrations, only
+   while the out-of-sample sibling AUC (the cross-fit, else the held-out tasks') is at least
+   ``critic_gate``: a critic at chance does not drive the actor.
 6. log and checkpoint.
 
 ``collect="sample"`` plays ``episodes_per_iter`` episodes at the sampling temperature instead
@@ -580,8 +581,12 @@ class ArcherTrainer(OnlineTrainer):
         """AWR at remembered states: each sibling's likelihood weighted by its share of
         pi*(a|s) ~ pi(a|s) exp(A / beta) (``Fn.sibling_awr_weights``), A from the current critic (or
         the siblings' returns); states where pi* differs from pi by less than ``awr_min_shift`` are
-        skipped, the ``actor_groups`` that differ most are kept, and siblings below ``awr_min_weight``
-        of their state are left out; the demonstrations join with weight 1 on every turn."""
+        skipped, as are states where no valid sibling beats the policy's own reply by ``awr_margin``
+        (without it, most of the target's mass went to runner-ups whose episodes had lost: on
+        Search, states where every sibling lost outnumber the others ten to one, and the critic's
+        small differences among them still moved the target); the ``actor_groups`` that differ most
+        are kept, and siblings below ``awr_min_weight`` of their state are left out; the
+        demonstrations join with weight 1 on every turn."""
         cfg = self.cfg
         if not self.memory:
             return {}
