@@ -1,0 +1,85 @@
+"""Where an ArCHer checkpoint's AWR actor would put its target mass, by what the tree saw.
+
+Reads a checkpoint of ``--algo archer`` with ``collect=tree`` (the actor's memory of sibling
+groups and the critic), forms the AWR targets the next actor update would use, and counts the
+target mass on each kind of reply: the policy's own or a runner-up, accepted or rejected by the
+env, and whether its episode won. A healthy target puts the runner-ups' mass on replies that won.
+
+    python scripts/archer_targets.py runs/x/archer/checkpoint/state.pt --margin 0 --margin 0.15
+
+The critic has been trained on most of these turns, so its ranking here is in sample: an upper
+bound on how well it separates winners from losers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+
+from turngym.trainers import functional as Fn
+from turngym.trainers.archer_critic import UtteranceCritic
+from turngym.types import Trajectory
+
+
+def load_memory(path: str):
+    """The actor memory's groups, log-probs, returns, validity and the critic's advantages."""
+    st = torch.load(path, map_location="cpu", weights_only=False)
+    memory = st.get("memory") or []
+    if not memory:
+        raise SystemExit(f"{path}: no actor memory (not an ArCHer checkpoint with collect=tree and actor_loss=awr)")
+    cfg = st.get("config") or {}
+    critic = UtteranceCritic(memory[0]["s"].shape[-1], cfg.get("critic_hidden", 256))
+    critic.load_state_dict(st["critic"])
+    groups, start = [], 0
+    for e in memory:
+        groups.append(list(range(start, start + len(e["turns"]))))
+        start += len(e["turns"])
+    turns = [Trajectory.from_dict(t) if isinstance(t, dict) else t for e in memory for t in e["turns"]]
+    logp = torch.cat([e["logp"] for e in memory])
+    value = torch.cat([e["value"] for e in memory])
+    with torch.no_grad():
+        s = critic.encode(torch.cat([e["s"] for e in memory]))
+        adv = Fn.double_q_min(*critic.q_values(s, torch.cat([e["sa"] for e in memory]))) - critic.value(s)
+    valid = torch.tensor([t.turns[0].action_valid for t in turns])
+    return groups, logp, value, valid, adv
+
+
+def target_mass(groups, logp, value, valid, adv, margin: float, beta: float, min_shift: float, top: int) -> dict:
+    """The AWR target mass per kind of reply at the states the update would pick (as ``_awr_update``)."""
+    margins = Fn.sibling_margins(logp, adv, groups, valid)
+    targets = [[r for r in g if valid[r]] for g in groups]
+    w = Fn.sibling_awr_weights(logp, adv, targets, beta)
+    prior = Fn.sibling_awr_weights(logp, torch.zeros_like(adv), targets, beta)
+    shift = [0.5 * float((w[g] - prior[g]).abs().sum()) for g in targets]
+    useful = [i for i, d in enumerate(shift) if d >= min_shift and margins[i] >= margin]
+    pick = sorted(useful, key=lambda i: -shift[i])[:top]
+    mass: dict[str, float] = collections.Counter()
+    for i in pick:
+        own = max(groups[i], key=lambda r: float(logp[r]))
+        for r in targets[i]:
+            kind = f"{'own' if r == own else 'runner-up'}, {'won' if value[r] > 0.5 else 'lost'}"
+            mass[kind] += float(w[r])
+    return {"states": len(pick), **dict(sorted(mass.items()))}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("checkpoint")
+    p.add_argument("--margin", type=float, action="append", help="awr_margin values to compare (default: 0, 0.15)")
+    p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--min-shift", type=float, default=0.05)
+    p.add_argument("--groups", type=int, default=64, help="actor_groups")
+    args = p.parse_args()
+    data = load_memory(args.checkpoint)
+    groups, _, value, _, _ = data
+    mixed = sum(1 for g in groups if value[g].max() > 0.5 and value[g].min() < 0.5)
+    print(f"{len(groups)} remembered states, {mixed} with a sibling that won and one that lost")
+    for m in args.margin or [0.0, 0.15]:
+        row = target_mass(*data, margin=m, beta=args.beta, min_shift=args.min_shift, top=args.groups)
+        print(f"margin {m:g}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
+
+
+if __name__ == "__main__":
+    main()
