@@ -42,6 +42,10 @@ Where this departs from the paper, and why:
 - The actor learns by AWR on replayed states, not by REINFORCE on them. The branches' replies are
   forced runner-ups (p ~ 0.003 after SFT); a ratio-based update on such tokens cannot move them,
   a weighted likelihood can. ``actor_loss="ppo"`` is the on-policy alternative.
+- The actor learns only at states where the critic prefers another valid reply to the policy's own
+  by ``awr_margin``, not at every buffer state: at a tree's states most siblings earned alike, and
+  a weighted likelihood toward the critic's noise among them raised losing replies (on multi-hop
+  search most of the target's mass went to runner-ups that had lost, and the policy fell below SFT).
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
@@ -135,7 +139,8 @@ class ArcherConfig(OnlineConfig):
                                    "two-fold cross-fit, else the held-out tasks') is at least this (0 = always)")
     critic_hidden: int = knob(256, "width of the critic's MLP heads")
     critic_lr: float = knob(1e-3, "critic learning rate (AdamW)")
-    critic_updates: int = knob(200, "N: critic TD updates per iteration")
+    critic_updates: int = knob(200, "N: critic TD updates per iteration (the heads over stored features: cheap; an "
+                                    "underfit critic misranks the siblings the actor learns from, see critic/sibling_auc_xfit)")
     critic_batch_size: int = knob(64, "transitions per critic update")
     critic_warmup: int = knob(0, "critic updates before the actor starts")
     tau: float = knob(0.05, "Polyak rate of the target heads")
