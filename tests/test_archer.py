@@ -470,7 +470,8 @@ def test_tree_config_is_validated():
 
 
 def test_tree_awr_with_returns_trains_without_the_critic(tiny_tokenizer, tmp_path):
-    trainer = _tree_trainer(tiny_tokenizer, tmp_path, awr_values="returns")
+    # no critic reaches a gate of 1.0; the returns rank the siblings, so the gate does not apply
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, awr_values="returns", critic_gate=1.0)
     trainer.setup()
     row = trainer.step()
     assert row["actor/active"] == 1.0 and row["actor/informative_states"] > 0

@@ -373,7 +373,8 @@ class ArcherTrainer(OnlineTrainer):
         metrics.update(self._heldout_auc())
         # 5. actor, while the critic ranks siblings out of sample (this iteration's cross-fit, else the held-out tasks)
         evidence = metrics.get("critic/sibling_auc_xfit", metrics.get("critic/sibling_auc", 0.0))
-        gate = cfg.critic_gate <= 0 or evidence >= cfg.critic_gate
+        # the gate guards against a critic at chance driving the actor: with awr_values=returns it does not drive it
+        gate = cfg.critic_gate <= 0 or cfg.awr_values == "returns" or evidence >= cfg.critic_gate
         active = self.critic_steps >= cfg.critic_warmup and gate
         if cfg.actor_loss == "awr":
             self._remember(trajs, enc, siblings, values)
