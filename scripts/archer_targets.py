@@ -19,6 +19,7 @@ import collections
 import torch
 
 from turngym.trainers import functional as Fn
+from turngym.trainers.archer import ArcherConfig, awr_targets
 from turngym.trainers.archer_critic import UtteranceCritic
 from turngym.types import Trajectory
 
@@ -46,15 +47,9 @@ def load_memory(path: str):
     return groups, logp, value, valid, adv
 
 
-def target_mass(groups, logp, value, valid, adv, margin: float, beta: float, min_shift: float, top: int) -> dict:
-    """The AWR target mass per kind of reply at the states the update would pick (as ``_awr_update``)."""
-    margins = Fn.sibling_margins(logp, adv, groups, valid)
-    targets = [[r for r in g if valid[r]] for g in groups]
-    w = Fn.sibling_awr_weights(logp, adv, targets, beta)
-    prior = Fn.sibling_awr_weights(logp, torch.zeros_like(adv), targets, beta)
-    shift = [0.5 * float((w[g] - prior[g]).abs().sum()) for g in targets]
-    useful = [i for i, d in enumerate(shift) if d >= min_shift and margins[i] >= margin]
-    pick = sorted(useful, key=lambda i: -shift[i])[:top]
+def target_mass(groups, logp, value, valid, adv, cfg: ArcherConfig) -> dict:
+    """The AWR target mass per kind of reply at the states the update would pick (``awr_targets``)."""
+    w, targets, _, _, pick = awr_targets(logp, adv, groups, valid, cfg)
     mass: dict[str, float] = collections.Counter()
     for i in pick:
         own = max(groups[i], key=lambda r: float(logp[r]))
@@ -77,7 +72,8 @@ def main() -> None:
     mixed = sum(1 for g in groups if value[g].max() > 0.5 and value[g].min() < 0.5)
     print(f"{len(groups)} remembered states, {mixed} with a sibling that won and one that lost")
     for m in args.margin or [0.0, 0.15]:
-        row = target_mass(*data, margin=m, beta=args.beta, min_shift=args.min_shift, top=args.groups)
+        cfg = ArcherConfig(awr_margin=m, awr_beta=args.beta, awr_min_shift=args.min_shift, actor_groups=args.groups)
+        row = target_mass(*data, cfg)
         print(f"margin {m:g}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()))
 
 

@@ -49,7 +49,7 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:  # a zombie is dead too
             return f.read().split(") ")[-1][0] != "Z"
-    except FileNotFoundError:  # reaped between the signal and the read
+    except (FileNotFoundError, ProcessLookupError):  # reaped between the signal and the read (either errno)
         return False
 
 

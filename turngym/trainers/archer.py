@@ -123,7 +123,7 @@ class ArcherConfig(OnlineConfig):
                                      "earned after it: the tree alone, no critic; an ablation)")
     awr_margin: float = knob(0.15, "awr: a state trains the actor only where the critic ranks another valid sibling above "
                                    "the policy's own reply by at least this (reward units); below it the ranking is the "
-                                   "critic's noise among replies that earned alike (0 = every state)")
+                                   "critic's noise among replies that earned alike (0: any state where one ranks level)")
     awr_min_shift: float = knob(0.05, "a state trains the actor only when its AWR target moves at least this much "
                                       "probability (total variation) away from the policy's own choice among the siblings")
     actor_memory: int = knob(2048, "awr: sibling groups (states with their actions and features) the actor replays from")
@@ -608,16 +608,8 @@ class ArcherTrainer(OnlineTrainer):
                 s = self.critic.encode(_cat([e["s"] for e in self.memory]))
                 adv = Fn.double_q_min(*self.critic.q_values(s, _cat([e["sa"] for e in self.memory]))) - self.critic.value(s)
         turns = [t for e in self.memory for t in e["turns"]]
-        # a reply the env rejected is never a target, whatever the critic says of it
         valid = torch.tensor([t.turns[0].action_valid for t in turns])
-        margins = Fn.sibling_margins(logp, adv, groups, valid)
-        targets = [[r for r in g if valid[r]] for g in groups]
-        w = Fn.sibling_awr_weights(logp, adv, targets, cfg.awr_beta)
-        prior = Fn.sibling_awr_weights(logp, torch.zeros_like(adv), targets, cfg.awr_beta)  # pi on the siblings
-        shift = [0.5 * float((w[g] - prior[g]).abs().sum()) for g in targets]
-        useful = [i for i, d in enumerate(shift) if d >= cfg.awr_min_shift and margins[i] >= cfg.awr_margin]
-        # the states where the critic most wants another reply; ties by memory order (oldest first)
-        pick = sorted(sorted(useful, key=lambda i: -shift[i])[: cfg.actor_groups])
+        w, targets, shift, useful, pick = awr_targets(logp, adv, groups, valid, cfg)
         rows = [r for i in pick for r in targets[i] if float(w[r]) >= cfg.awr_min_weight]
         data = [turns[r] for r in rows] + self.experts
         weight = [float(w[r]) for r in rows] + [1.0] * sum(len(t.turns) for t in self.experts)
@@ -724,6 +716,26 @@ class ArcherTrainer(OnlineTrainer):
         self.screened = dict(st.get("screened", {}))
         self.heldout = dict(st.get("heldout", {}))
         self.memory = [{**e, "turns": [Trajectory.from_dict(t) for t in e["turns"]]} for e in st.get("memory", [])]
+
+
+def awr_targets(logp: torch.Tensor, adv: torch.Tensor, groups: list[list[int]], valid: torch.Tensor, cfg: ArcherConfig):
+    """The AWR targets at the remembered states, and which states train the actor.
+
+    Returns ``(w, targets, shift, useful, pick)``: the per-row weights (``Fn.sibling_awr_weights``
+    over each state's valid replies, ``targets``), each state's total-variation ``shift`` away from
+    pi, the states that pass ``awr_min_shift`` and ``awr_margin`` (``useful``), and the
+    ``actor_groups`` of them that shift most (``pick``, in memory order).
+    """
+    # a reply the env rejected is never a target, whatever the critic says of it
+    margins = Fn.sibling_margins(logp, adv, groups, valid)
+    targets = [[r for r in g if valid[r]] for g in groups]
+    w = Fn.sibling_awr_weights(logp, adv, targets, cfg.awr_beta)
+    prior = Fn.sibling_awr_weights(logp, torch.zeros_like(adv), targets, cfg.awr_beta)  # pi on the siblings
+    shift = [0.5 * float((w[g] - prior[g]).abs().sum()) for g in targets]
+    useful = [i for i, d in enumerate(shift) if d >= cfg.awr_min_shift and margins[i] >= cfg.awr_margin]
+    # the states where the critic most wants another reply; ties by memory order (oldest first)
+    pick = sorted(sorted(useful, key=lambda i: -shift[i])[: cfg.actor_groups])
+    return w, targets, shift, useful, pick
 
 
 def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s: torch.Tensor | Window):
