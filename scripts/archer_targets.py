@@ -18,8 +18,7 @@ import collections
 
 import torch
 
-from turngym.trainers import functional as Fn
-from turngym.trainers.archer import ArcherConfig, awr_targets
+from turngym.trainers.archer import ArcherConfig, awr_targets, memory_advantages, memory_rows
 from turngym.trainers.archer_critic import UtteranceCritic
 from turngym.types import Trajectory
 
@@ -33,18 +32,9 @@ def load_memory(path: str):
     cfg = st.get("config") or {}
     critic = UtteranceCritic(memory[0]["s"].shape[-1], cfg.get("critic_hidden", 256))
     critic.load_state_dict(st["critic"])
-    groups, start = [], 0
-    for e in memory:
-        groups.append(list(range(start, start + len(e["turns"]))))
-        start += len(e["turns"])
-    turns = [Trajectory.from_dict(t) if isinstance(t, dict) else t for e in memory for t in e["turns"]]
-    logp = torch.cat([e["logp"] for e in memory])
-    value = torch.cat([e["value"] for e in memory])
-    with torch.no_grad():
-        s = critic.encode(torch.cat([e["s"] for e in memory]))
-        adv = Fn.double_q_min(*critic.q_values(s, torch.cat([e["sa"] for e in memory]))) - critic.value(s)
-    valid = torch.tensor([t.turns[0].action_valid for t in turns])
-    return groups, logp, value, valid, adv
+    memory = [{**e, "turns": [Trajectory.from_dict(t) if isinstance(t, dict) else t for t in e["turns"]]} for e in memory]
+    groups, _, logp, value, valid = memory_rows(memory)
+    return groups, logp, value, valid, memory_advantages(memory, critic)
 
 
 def target_mass(groups, logp, value, valid, adv, cfg: ArcherConfig) -> dict:

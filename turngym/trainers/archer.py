@@ -596,19 +596,8 @@ class ArcherTrainer(OnlineTrainer):
         cfg = self.cfg
         if not self.memory:
             return {}
-        groups, start = [], 0
-        for e in self.memory:
-            groups.append(list(range(start, start + len(e["turns"]))))
-            start += len(e["turns"])
-        logp = torch.cat([e["logp"] for e in self.memory])
-        with torch.no_grad():
-            if cfg.awr_values == "returns":
-                adv = torch.cat([e["value"] for e in self.memory])
-            else:
-                s = self.critic.encode(_cat([e["s"] for e in self.memory]))
-                adv = Fn.double_q_min(*self.critic.q_values(s, _cat([e["sa"] for e in self.memory]))) - self.critic.value(s)
-        turns = [t for e in self.memory for t in e["turns"]]
-        valid = torch.tensor([t.turns[0].action_valid for t in turns])
+        groups, turns, logp, values, valid = memory_rows(self.memory)
+        adv = values if cfg.awr_values == "returns" else memory_advantages(self.memory, self.critic)
         w, targets, shift, useful, pick = awr_targets(logp, adv, groups, valid, cfg)
         rows = [r for i in pick for r in targets[i] if float(w[r]) >= cfg.awr_min_weight]
         data = [turns[r] for r in rows] + self.experts
@@ -716,6 +705,26 @@ class ArcherTrainer(OnlineTrainer):
         self.screened = dict(st.get("screened", {}))
         self.heldout = dict(st.get("heldout", {}))
         self.memory = [{**e, "turns": [Trajectory.from_dict(t) for t in e["turns"]]} for e in st.get("memory", [])]
+
+
+def memory_rows(memory: list[dict]):
+    """The actor memory flat: ``(groups, turns, logp, values, valid)``, a group being the row
+    indices of one state's siblings, each row a one-turn record with its recorded log-prob, the
+    return its episode earned after it, and whether the env accepted it."""
+    groups, start = [], 0
+    for e in memory:
+        groups.append(list(range(start, start + len(e["turns"]))))
+        start += len(e["turns"])
+    turns = [t for e in memory for t in e["turns"]]
+    valid = torch.tensor([t.turns[0].action_valid for t in turns])
+    return groups, turns, torch.cat([e["logp"] for e in memory]), torch.cat([e["value"] for e in memory]), valid
+
+
+@torch.no_grad()
+def memory_advantages(memory: list[dict], critic: UtteranceCritic) -> torch.Tensor:
+    """The critic's min(Q1, Q2) - V at every row of the actor memory."""
+    s = critic.encode(_cat([e["s"] for e in memory]))
+    return Fn.double_q_min(*critic.q_values(s, _cat([e["sa"] for e in memory]))) - critic.value(s)
 
 
 def awr_targets(logp: torch.Tensor, adv: torch.Tensor, groups: list[list[int]], valid: torch.Tensor, cfg: ArcherConfig):
