@@ -9,9 +9,10 @@ shared machine's load shows as wall time above CPU time rather than as a wrong r
     python benchmarks/game_generation.py --compare /tmp/before            # before, this checkout
     python benchmarks/game_generation.py --compare /tmp/before --rounds 2 # A B A B
 
-A game costs two Inform 7 compiles (TextWorld's maker compiles one to record the walkthrough's
-events; then the final game is compiled): with both cores busy the wall time per game is about
-half its CPU time at best. Results: docs/benchmarks.md.
+A game costs one Inform 7 compile (TextWorld's maker would compile it once more to record the
+walkthrough's events; ``turngym.envs.textworld.walkthrough`` records them on the game's logic):
+with both cores busy the wall time per game is about half its CPU time at best. ``same games``
+compares the two versions' content hashes. Results: docs/benchmarks.md.
 """
 
 from __future__ import annotations

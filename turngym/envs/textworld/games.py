@@ -285,8 +285,9 @@ def generate(level: str, split: str, n: int, folder: Path, workers: int | None =
     """Extend ``folder``'s index to ``n`` games. Needs ``PYTHONHASHSEED=0`` to be deterministic.
 
     Candidates are made and compiled in ``workers`` processes (default: one per usable core, at
-    most 4): a game costs two Inform 7 compiles (TextWorld's maker compiles one to record the
-    walkthrough's events, then the final game is compiled), about 1 s of CPU. Each candidate's
+    most 4): a game costs one Inform 7 compile, about half a second of CPU (TextWorld's maker would
+    compile it once more to record the walkthrough's events; ``walkthrough`` records them on the
+    game's logic instead, the same events, tested). Each candidate's
     game depends only on its seed, and results join the index in candidate order (a duplicate of
     an earlier game is dropped there), so the sequence is the one a single process makes.
     """
@@ -372,6 +373,8 @@ def _make_game(textworld, suite: Suite, level: str, split: str, c: int, seen: se
     ``{"skipped": c, ...}`` record when TextWorld cannot generate it at all."""
     from textworld.generator import QuestGenerationError
 
+    from turngym.envs.textworld.walkthrough import compile_free_walkthroughs
+
     variant = suite.variants[c % len(suite.variants)]
     seed = candidate_seed(level, split, c)
     settings = dict(variant.settings)
@@ -380,7 +383,8 @@ def _make_game(textworld, suite: Suite, level: str, split: str, c: int, seen: se
     options = textworld.GameOptions()
     options.seeds = seed
     try:
-        game = textworld.challenges.CHALLENGES[variant.challenge][1](settings, options)
+        with compile_free_walkthroughs():  # the walkthrough's events without a first compile
+            game = textworld.challenges.CHALLENGES[variant.challenge][1](settings, options)
     except QuestGenerationError:
         # Some seeds admit no quest (e.g. treasure hunter, medium test candidate 44): TextWorld
         # raises on every try, so the candidate is skipped, and the index records it.
