@@ -503,6 +503,33 @@ def test_tree_awr_margin_leaves_states_the_critic_cannot_separate(tiny_tokenizer
     assert row["actor/informative_states"] == 0 and "actor/pg_loss" not in row
 
 
+def test_tree_awr_self_imitation_clones_own_turns_that_won(tiny_tokenizer, tmp_path):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, self_imitation=1.0, awr_min_weight=0.01)
+    trainer.setup()
+    row = trainer.step()
+    assert trainer.wins and all(e["value"] > 0 and len(e["turn"].turns) == 1 for e in trainer.wins)
+    assert row["actor/sil_memory"] == len(trainer.wins) and 1 <= row["actor/sil_turns"] <= len(trainer.wins)
+    # a win the critic already expects (V >= R) is not cloned: weight (R - V)+ = 0
+    v = trainer.critic.value(trainer.critic.encode(torch.stack([e["s"] for e in trainer.wins])))
+    for e, value in zip(trainer.wins, v.tolist()):
+        e["value"] = value
+    assert trainer._self_imitation_rows() == ([], [])
+    # the wins survive a checkpoint
+    state = trainer._extra_state()
+    twin = _tree_trainer(tiny_tokenizer, tmp_path / "twin", self_imitation=1.0)
+    twin.setup()
+    twin._load_extra_state(state)
+    assert [e["turn"].to_dict() for e in twin.wins] == [e["turn"].to_dict() for e in trainer.wins]
+
+
+def test_self_imitation_is_off_by_default_and_needs_awr(tiny_tokenizer, tmp_path):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path)
+    trainer.setup()
+    assert "actor/sil_turns" not in trainer.step() and trainer.wins == []
+    with pytest.raises(ValueError, match="self_imitation"):
+        _tree_cfg(self_imitation=1.0, actor_loss="ppo")
+
+
 def test_held_out_tasks_are_independent_of_the_screen_order():
     from turngym.trainers.archer import heldout_tasks
     from turngym.rollout.schedule import screen_order

@@ -182,6 +182,12 @@ def test_sibling_awr_weights_by_hand():
     torch.testing.assert_close(w, torch.tensor([0.9 / z, 0.1 * math.exp(2.0) / z, 0.5, 0.5, 0.0]))
 
 
+def test_self_imitation_weights_by_hand():
+    # won (R=1) where V said 0.25 -> 0.75 x 2 = 1.5; won where V said 1.1 -> 0; lost (R=0) where V said 0.3 -> 0
+    w = Fn.self_imitation_weights(torch.tensor([1.0, 1.0, 0.0]), torch.tensor([0.25, 1.1, 0.3]), 2.0)
+    torch.testing.assert_close(w, torch.tensor([1.5, 0.0, 0.0]))
+
+
 def test_sibling_margins_by_hand():
     # state 1: own reply (highest log pi) has A=0.1, the others 0.4 and -0.2 -> margin 0.4 - 0.1 = 0.3
     # state 2: own A=0.5 beats its only other (0.2) -> -0.3;  state 3: a lone reply -> -inf

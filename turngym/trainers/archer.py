@@ -30,7 +30,8 @@ One iteration (``collect="tree"``, the default):
    the critic: their pairs, kept across iterations, give ``critic/sibling_auc``.
 5. actor: AWR at the states of the actor's memory (this and earlier iterations' siblings) where the
    critic ranks another valid reply above the policy's own by at least ``awr_margin`` (replies the
-   env rejected are never targets), plus the SFT stage's ``expert_replay`` demonstrations, only
+   env rejected are never targets), plus the SFT stage's ``expert_replay`` demonstrations and, with
+   ``self_imitation``, the policy's own turns whose episode earned more than the critic's V(s), only
    while the out-of-sample sibling AUC (the cross-fit, else the held-out tasks') is at least
    ``critic_gate``: a critic at chance does not drive the actor.
 6. log and checkpoint.
@@ -46,6 +47,11 @@ Where this departs from the paper, and why:
   by ``awr_margin``, not at every buffer state: at a tree's states most siblings earned alike, and
   a weighted likelihood toward the critic's noise among them raised losing replies (on multi-hop
   search most of the target's mass went to runner-ups that had lost, and the policy fell below SFT).
+- ``self_imitation`` (off by default) adds self-imitation learning (Oh et al. 2018) to the actor:
+  the policy's own turns that earned more than V(s), weighted by (R - V(s))+. The AWR term moves
+  the policy only at a tree's forks; the turns around them stay the policy's own, and on Search a
+  fork-only actor raised the invalid-turn rate above SFT's while cloning whole winning episodes
+  lowered it.
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
@@ -131,6 +137,9 @@ class ArcherConfig(OnlineConfig):
                                  "train each actor update; a sibling below awr_min_weight of its state is left out")
     awr_min_weight: float = knob(0.05, "awr: a sibling whose share of its state's target is below this is not "
                                        "trained on (each one costs a forward and backward over its whole prompt)")
+    self_imitation: float = knob(0.0, "awr: the actor also clones its own turns whose episode earned more after them than "
+                                      "the critic's V(s) (self-imitation, Oh et al. 2018), each weighted by this x "
+                                      "(R - V(s))+; the turns of earlier iterations are kept (actor_memory of them); 0 = off")
     expert_replay: int = knob(0, "the oracle's episodes on N training tasks (the SFT stage's demonstrations) join every "
                                  "actor update with weight 1; 0 = off")
     critic_holdout: float = knob(0.125, "share of the training tasks whose turns the critic never trains on: their "
@@ -199,6 +208,8 @@ class ArcherConfig(OnlineConfig):
             raise ValueError("critic_holdout must be in [0, 1) and critic_gate in [0, 1]")
         if self.expert_replay < 0:
             raise ValueError(f"expert_replay must be >= 0, got {self.expert_replay}")
+        if self.self_imitation < 0 or (self.self_imitation > 0 and self.actor_loss != "awr"):
+            raise ValueError(f"self_imitation must be >= 0, and is for actor_loss=awr (got {self.self_imitation})")
         if self.collect == "tree":
             if self.group_size != 1 or self.async_staleness >= 0 or self.rollout_engine == "vllm" or self.sharding != "none":
                 raise ValueError("collect=tree screens each task once and branches with the HF policy in one process "
@@ -300,6 +311,7 @@ class ArcherTrainer(OnlineTrainer):
             raise ValueError("collect=tree runs in one process, not under torchrun")
         self.critic_steps = 0
         self.memory: list[dict] = []  # the actor's replay: one state's sibling actions, features, log-probs, values
+        self.wins: list[dict] = []  # self-imitation's replay: own turns that earned a return, with their state features
         self.screened: dict[str, int] = {}  # task -> the iteration it was last screened in
         self.heldout: dict[str, torch.Tensor] = {}  # sibling pairs of the held-out tasks: s, sa, value, group
         self.experts: list[Trajectory] = []
@@ -378,6 +390,7 @@ class ArcherTrainer(OnlineTrainer):
         active = self.critic_steps >= cfg.critic_warmup and gate
         if cfg.actor_loss == "awr":
             self._remember(trajs, enc, siblings, values)
+            self._remember_wins(trajs, enc, own, values)
             if active:
                 with self.weights_lock():
                     metrics.update(self._awr_update())
@@ -583,6 +596,28 @@ class ArcherTrainer(OnlineTrainer):
                                 "logp": torch.tensor([float(sum(t.action_logprobs(0))) for t in turns])})
         del self.memory[: max(0, len(self.memory) - self.cfg.actor_memory)]
 
+    def _remember_wins(self, trajs: list[Trajectory], enc: Encoded, own: list[int], values: torch.Tensor) -> None:
+        """Keep each own turn (roots' and branches' own, shared prefixes once) that earned a return
+        after it, for self-imitation, oldest out first."""
+        if self.cfg.self_imitation <= 0:
+            return
+        for i in own:
+            if float(values[i]) > 0:
+                self.wins.append({"turn": _alone(trajs[enc.refs[i][0]], enc.refs[i][1]), "s": _row(enc.s, i),
+                                  "value": float(values[i])})
+        del self.wins[: max(0, len(self.wins) - self.cfg.actor_memory)]
+
+    @torch.no_grad()
+    def _self_imitation_rows(self) -> tuple[list[Trajectory], list[float]]:
+        """The remembered wins whose self-imitation weight (``Fn.self_imitation_weights`` under the
+        current critic's V) is at least ``awr_min_weight``, with those weights."""
+        if not self.wins:
+            return [], []
+        v = self.critic.value(self.critic.encode(_stack([e["s"] for e in self.wins])))
+        w = Fn.self_imitation_weights(torch.tensor([e["value"] for e in self.wins]), v, self.cfg.self_imitation)
+        keep = [i for i in range(len(self.wins)) if float(w[i]) >= self.cfg.awr_min_weight]
+        return [self.wins[i]["turn"] for i in keep], [float(w[i]) for i in keep]
+
     def _awr_update(self) -> dict[str, float]:
         """AWR at remembered states: each sibling's likelihood weighted by its share of
         pi*(a|s) ~ pi(a|s) exp(A / beta) (``Fn.sibling_awr_weights``), A from the current critic (or
@@ -600,10 +635,14 @@ class ArcherTrainer(OnlineTrainer):
         adv = values if cfg.awr_values == "returns" else memory_advantages(self.memory, self.critic)
         w, targets, shift, useful, pick = awr_targets(logp, adv, groups, valid, cfg)
         rows = [r for i in pick for r in targets[i] if float(w[r]) >= cfg.awr_min_weight]
-        data = [turns[r] for r in rows] + self.experts
-        weight = [float(w[r]) for r in rows] + [1.0] * sum(len(t.turns) for t in self.experts)
+        imitate, imitate_w = self._self_imitation_rows()
+        data = [turns[r] for r in rows] + imitate + self.experts
+        weight = [float(w[r]) for r in rows] + imitate_w + [1.0] * sum(len(t.turns) for t in self.experts)
         out = {"actor/states": float(len(pick)), "actor/memory": float(len(self.memory)),
                "actor/informative_states": float(len(useful)), "actor/target_shift": sum(shift) / len(shift)}
+        if cfg.self_imitation > 0:
+            out.update({"actor/sil_turns": float(len(imitate)), "actor/sil_memory": float(len(self.wins)),
+                        "actor/sil_weight": sum(imitate_w) / max(1, len(imitate_w))})
         if not data:
             return out
         batch = pack_batch(data, self.policy.pad_id)
@@ -691,6 +730,7 @@ class ArcherTrainer(OnlineTrainer):
             "baseline_opt": self.baseline_opt.state_dict() if self.baseline_opt else None,
             "critic_steps": self.critic_steps, "screened": dict(self.screened), "heldout": dict(self.heldout),
             "memory": [{**e, "turns": [t.to_dict() for t in e["turns"]]} for e in self.memory],
+            "wins": [{**e, "turn": e["turn"].to_dict()} for e in self.wins],
         }
 
     def _load_extra_state(self, st: dict) -> None:
@@ -705,6 +745,7 @@ class ArcherTrainer(OnlineTrainer):
         self.screened = dict(st.get("screened", {}))
         self.heldout = dict(st.get("heldout", {}))
         self.memory = [{**e, "turns": [Trajectory.from_dict(t) for t in e["turns"]]} for e in st.get("memory", [])]
+        self.wins = [{**e, "turn": Trajectory.from_dict(e["turn"])} for e in st.get("wins", [])]
 
 
 def memory_rows(memory: list[dict]):

@@ -246,6 +246,21 @@ def sibling_awr_weights(logp: torch.Tensor, adv: torch.Tensor, groups: list[list
     return w
 
 
+def self_imitation_weights(returns: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """Self-imitation (Oh et al., 2018): clone the agent's own past actions where they earned more
+    than the critic expected, ``scale * max(R - V(s), 0)``.
+
+    Args:
+        returns: ``(N,)`` what each action's episode earned after it (R).
+        values: ``(N,)`` the critic's V(s) at the action's state.
+        scale: the term's weight.
+
+    Returns:
+        ``(N,)`` non-negative weights: 0 where the episode earned no more than V.
+    """
+    return scale * (returns - values).clamp(min=0.0)
+
+
 def broadcast_to_tokens(per_turn: torch.Tensor, token_turn: torch.Tensor) -> torch.Tensor:
     """Give every scored token its utterance's value: ``out[m] = per_turn[token_turn[m]]``.
 

@@ -8,10 +8,11 @@ compile cannot be reused.
 
 ``replay_walkthrough`` plays the same commands on the game's logic instead (``GameProgression``,
 what TextWorld's own state tracking runs beside the z-machine): each command is the action whose
-command text it is among the valid actions. Where that is not certain (a command matches no valid
-action, or several), it returns ``None`` and the compiled path runs as before, so a game is never
-recorded differently from TextWorld's way; ``tests/test_textworld_games.py`` checks both give the
-same serialized game. ``compile_free_walkthroughs`` installs it for the generator's workers.
+command text it is among the valid actions, picked as TextWorld picks it from the compiled game's
+report. Where that is not certain (a command matches no valid action, or actions the game would
+report differently), it returns ``None`` and the compiled path runs as before.
+``tests/test_textworld_walkthrough.py`` compares both ways' serialized games, and
+``benchmarks/game_generation.py`` the quickstart's games' hashes. ``compile_free_walkthroughs`` installs it for the generator's workers.
 """
 
 from __future__ import annotations
@@ -45,10 +46,16 @@ def replay_walkthrough(maker: Any, commands: list[str]) -> list[tuple[Any, list,
         if progression.completed or progression.failed:
             raise ValueError("Game has ended before finishing playing all commands.")  # as set_walkthrough
         valid = progression.valid_actions
-        matches = {a for a, c in zip(valid, inform7.gen_commands_from_actions(valid)) if c == command.strip()}
-        if len(matches) != 1:
-            return None  # the z-machine's parser decides: leave it to the compiled path
-        action = matches.pop()
+        matches = [a for a, c in zip(valid, inform7.gen_commands_from_actions(valid)) if c == command.strip()]
+        # The compiled game runs the command and reports its Inform 7 event; TextWorld takes the
+        # valid action that event names (``detect_action``: most preconditions first). Where the
+        # actions this command can be share one event, that is the one; else the parser decides.
+        events = {_event_text(inform7, a) for a in matches}
+        if len(events) != 1:
+            return None  # no action, or the z-machine's parser decides: leave it to the compiled path
+        action = inform7.detect_action(events.pop(), valid)
+        if action is None:
+            return None
         before = [ep.triggered for ep in watched]
         progression.update(action)
         actions.append(action)
@@ -56,6 +63,11 @@ def replay_walkthrough(maker: Any, commands: list[str]) -> list[tuple[Any, list,
             if not was and ep.triggered:
                 recorded[keys[ep.event]] = (list(actions), commands[: i + 1])
     return [(event, *hit) for event, hit in recorded.items()]
+
+
+def _event_text(inform7: Any, action: Any) -> str:
+    """The Inform 7 event the compiled game reports for ``action`` (as ``Inform7Game.detect_action`` reads it)."""
+    return inform7.kb.inform7_events[action.name].format(**inform7._get_name_mapping(action))
 
 
 def _set_walkthrough(original):
