@@ -522,6 +522,15 @@ def test_tree_awr_self_imitation_clones_own_turns_that_won(tiny_tokenizer, tmp_p
     assert [e["turn"].to_dict() for e in twin.wins] == [e["turn"].to_dict() for e in trainer.wins]
 
 
+def test_a_closed_gate_stops_the_sibling_targets_not_self_imitation(tiny_tokenizer, tmp_path):
+    # no critic reaches a gate of 1.0: the critic's ranking trains nothing, the confirmed wins still do
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, self_imitation=1.0, awr_min_weight=0.01, critic_gate=1.0)
+    trainer.setup()
+    row = trainer.step()
+    assert row["actor/active"] == 0.0 and row["actor/states"] == 0
+    assert row["actor/sil_turns"] >= 1 and "actor/pg_loss" in row
+
+
 def test_self_imitation_is_off_by_default_and_needs_awr(tiny_tokenizer, tmp_path):
     trainer = _tree_trainer(tiny_tokenizer, tmp_path)
     trainer.setup()

@@ -30,10 +30,11 @@ One iteration (``collect="tree"``, the default):
    the critic: their pairs, kept across iterations, give ``critic/sibling_auc``.
 5. actor: AWR at the states of the actor's memory (this and earlier iterations' siblings) where the
    critic ranks another valid reply above the policy's own by at least ``awr_margin`` (replies the
-   env rejected are never targets), plus the SFT stage's ``expert_replay`` demonstrations and, with
-   ``self_imitation``, the policy's own turns whose episode earned more than the critic's V(s), only
-   while the out-of-sample sibling AUC (the cross-fit, else the held-out tasks') is at least
-   ``critic_gate``: a critic at chance does not drive the actor.
+   env rejected are never targets), only while the out-of-sample sibling AUC (the cross-fit, else
+   the held-out tasks') is at least ``critic_gate``: a critic at chance does not drive the actor.
+   With them, the SFT stage's ``expert_replay`` demonstrations and, with ``self_imitation``, the
+   policy's own turns whose episode earned more than the critic's V(s); these wins the env
+   confirmed also train while the gate is closed (V only weights them).
 6. log and checkpoint.
 
 ``collect="sample"`` plays ``episodes_per_iter`` episodes at the sampling temperature instead
@@ -391,9 +392,11 @@ class ArcherTrainer(OnlineTrainer):
         if cfg.actor_loss == "awr":
             self._remember(trajs, enc, siblings, values)
             self._remember_wins(trajs, enc, own, values)
-            if active:
+            # self-imitation's targets are wins the env confirmed (V only weights them): a closed
+            # gate stops the critic's sibling ranking, not those
+            if active or (cfg.self_imitation > 0 and self.critic_steps >= cfg.critic_warmup):
                 with self.weights_lock():
-                    metrics.update(self._awr_update())
+                    metrics.update(self._awr_update(siblings=active))
         else:
             if cfg.advantage_timing == "after":  # in sample: the critic has just been fitted to these turns
                 adv, q = self._advantages(enc.s, enc.sa, r, done, next_s)
@@ -618,7 +621,7 @@ class ArcherTrainer(OnlineTrainer):
         keep = [i for i in range(len(self.wins)) if float(w[i]) >= self.cfg.awr_min_weight]
         return [self.wins[i]["turn"] for i in keep], [float(w[i]) for i in keep]
 
-    def _awr_update(self) -> dict[str, float]:
+    def _awr_update(self, siblings: bool = True) -> dict[str, float]:
         """AWR at remembered states: each sibling's likelihood weighted by its share of
         pi*(a|s) ~ pi(a|s) exp(A / beta) (``Fn.sibling_awr_weights``), A from the current critic (or
         the siblings' returns); states where pi* differs from pi by less than ``awr_min_shift`` are
@@ -627,13 +630,15 @@ class ArcherTrainer(OnlineTrainer):
         Search, states where every sibling lost outnumber the others ten to one, and the critic's
         small differences among them still moved the target); the ``actor_groups`` that differ most
         are kept, and siblings below ``awr_min_weight`` of their state are left out; the
-        demonstrations join with weight 1 on every turn."""
+        self-imitation turns (``self_imitation``) and the demonstrations join, these with weight 1
+        on every turn. ``siblings=False`` (the critic's gate is closed) leaves the AWR rows out."""
         cfg = self.cfg
         if not self.memory:
             return {}
         groups, turns, logp, values, valid = memory_rows(self.memory)
         adv = values if cfg.awr_values == "returns" else memory_advantages(self.memory, self.critic)
         w, targets, shift, useful, pick = awr_targets(logp, adv, groups, valid, cfg)
+        pick = pick if siblings else []
         rows = [r for i in pick for r in targets[i] if float(w[r]) >= cfg.awr_min_weight]
         imitate, imitate_w = self._self_imitation_rows()
         data = [turns[r] for r in rows] + imitate + self.experts
