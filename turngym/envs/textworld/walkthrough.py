@@ -12,7 +12,8 @@ command text it is among the valid actions, picked as TextWorld picks it from th
 report. Where that is not certain (a command matches no valid action, or actions the game would
 report differently), it returns ``None`` and the compiled path runs as before.
 ``tests/test_textworld_walkthrough.py`` compares both ways' serialized games, and
-``benchmarks/game_generation.py`` the quickstart's games' hashes. ``compile_free_walkthroughs`` installs it for the generator's workers.
+``benchmarks/game_generation.py`` the quickstart's games' hashes. ``compile_free_walkthroughs``
+installs it around a generator call.
 """
 
 from __future__ import annotations
