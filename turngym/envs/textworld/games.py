@@ -233,7 +233,7 @@ def _run_generator(level: str, split: str, n: int, folder: Path) -> None:
     have = len(index["games"]) if _index_ok(index, get_suite(level), 0) else 0
     print(
         f"turngym: generating {n - have} TextWorld {level}/{split} games into {folder} "
-        "(once; about 1-3 s a game)...",
+        "(once; about 0.4-1 s a game)...",
         file=sys.stderr,
         flush=True,
     )
