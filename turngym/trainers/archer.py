@@ -630,21 +630,25 @@ class ArcherTrainer(OnlineTrainer):
         Search, states where every sibling lost outnumber the others ten to one, and the critic's
         small differences among them still moved the target); the ``actor_groups`` that differ most
         are kept, and siblings below ``awr_min_weight`` of their state are left out; the
-        self-imitation turns (``self_imitation``) and the demonstrations join, these with weight 1
-        on every turn. ``siblings=False`` (the critic's gate is closed) leaves the AWR rows out."""
+        self-imitation turns (``self_imitation``, their own weights) and the demonstrations (weight
+        1 on every turn) join. ``siblings=False`` (the critic's gate is closed) leaves the AWR rows out."""
         cfg = self.cfg
-        if not self.memory:
+        if not self.memory and not self.wins:
             return {}
-        groups, turns, logp, values, valid = memory_rows(self.memory)
-        adv = values if cfg.awr_values == "returns" else memory_advantages(self.memory, self.critic)
-        w, targets, shift, useful, pick = awr_targets(logp, adv, groups, valid, cfg)
-        pick = pick if siblings else []
-        rows = [r for i in pick for r in targets[i] if float(w[r]) >= cfg.awr_min_weight]
+        rows, row_w, out = [], [], {"actor/states": 0.0, "actor/memory": float(len(self.memory))}
+        if self.memory:  # a tree whose roots all won has no forks, but its wins still teach
+            groups, turns, logp, values, valid = memory_rows(self.memory)
+            adv = values if cfg.awr_values == "returns" else memory_advantages(self.memory, self.critic)
+            w, targets, shift, useful, pick = awr_targets(logp, adv, groups, valid, cfg)
+            pick = pick if siblings else []
+            kept = [r for i in pick for r in targets[i] if float(w[r]) >= cfg.awr_min_weight]
+            rows, row_w = [turns[r] for r in kept], [float(w[r]) for r in kept]
+            out.update({"actor/states": float(len(pick)), "actor/informative_states": float(len(useful)),
+                        "actor/target_shift": sum(shift) / len(shift)})
+            out.update(advantage_stats(adv))
         imitate, imitate_w = self._self_imitation_rows()
-        data = [turns[r] for r in rows] + imitate + self.experts
-        weight = [float(w[r]) for r in rows] + imitate_w + [1.0] * sum(len(t.turns) for t in self.experts)
-        out = {"actor/states": float(len(pick)), "actor/memory": float(len(self.memory)),
-               "actor/informative_states": float(len(useful)), "actor/target_shift": sum(shift) / len(shift)}
+        data = rows + imitate + self.experts
+        weight = row_w + imitate_w + [1.0] * sum(len(t.turns) for t in self.experts)
         if cfg.self_imitation > 0:
             out.update({"actor/sil_turns": float(len(imitate)), "actor/sil_memory": float(len(self.wins)),
                         "actor/sil_weight": sum(imitate_w) / max(1, len(imitate_w))})
@@ -655,7 +659,6 @@ class ArcherTrainer(OnlineTrainer):
         ref_logprobs = reference_pass(self.ref, batch, False, cfg.autocast)[0] if cfg.kl_coef > 0 else None
         out.update(actor_update(self.model, self.actor_opt, batch, token_w, ref_logprobs, cfg, self.gen, self.ctx,
                                 loss=_loss(cfg)))
-        out.update(advantage_stats(adv))
         return out
 
     def _ppo_advantages(self, enc: Encoded, adv: torch.Tensor, q: torch.Tensor, metrics: dict):
