@@ -10,6 +10,13 @@ stage, and the paired difference; a version that records it also gives its time 
     python benchmarks/quickstart.py --compare /tmp/before            # before, then this checkout
     python benchmarks/quickstart.py --compare /tmp/before --rounds 2 # A B A B
     python benchmarks/quickstart.py --set branch.actor_epochs=4      # overrides for both versions
+    .venv-vllm/bin/python benchmarks/quickstart.py --engines         # this checkout: HF, then vLLM
+
+``--engines`` runs this checkout twice, generating with the trained HF model
+(``branch.rollout_engine=hf``) and then with a vLLM engine synced with its weights (``=vllm``: the
+screen, the search and both evaluations); run it with the interpreter of the vLLM venv
+(``scripts/install_vllm_cpu.sh``), which serves both runs. ``--set branch.vllm.dtype=bfloat16`` (for
+example) goes to both runs, and only the vLLM run reads it.
 
 Results: docs/benchmarks.md.
 """
@@ -82,14 +89,20 @@ def main() -> None:
     p.add_argument("--compare", default=None, help="a checkout of the version to compare against (run first)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to both versions")
+    p.add_argument("--engines", action="store_true", help="this checkout with rollout_engine hf, then vllm")
     p.add_argument("--out", default=None, help="where the runs go (default: a temporary folder)")
     args = p.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="turngym-quickstart-"))
-    versions = {"before": args.compare, "after": str(HERE)} if args.compare else {"this": str(HERE)}
+    if args.engines:  # name -> (tree, its own overrides)
+        versions = {e: (str(HERE), [f"branch.rollout_engine={e}"]) for e in ("hf", "vllm")}
+    elif args.compare:
+        versions = {"before": (args.compare, []), "after": (str(HERE), [])}
+    else:
+        versions = {"this": (str(HERE), [])}
     runs: dict[str, list[dict]] = {n: [] for n in versions}
     for r in range(args.rounds):
-        for name, tree in versions.items():
-            runs[name].append(run_version(tree, root / f"{name}-{r}", args.set))
+        for name, (tree, own) in versions.items():
+            runs[name].append(run_version(tree, root / f"{name}-{r}", args.set + own))
             print(name, r, f"{runs[name][-1]['wall_s']:.0f} s", json.dumps(stage_seconds(runs[name][-1])), flush=True)
             bd = runs[name][-1]["summary"].get("time_breakdown")
             if bd:

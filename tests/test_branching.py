@@ -12,6 +12,7 @@ import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.agents.hf import HFPolicy
+from turngym.agents.sampling import decision_position, runner_up_heads
 from turngym.rollout import EpisodeSpec, make_env_factory, rollout
 from turngym.rollout.branching import Tree, branch_points, branch_search, observation_key, tree_rollout, visit_keys
 from turngym.rollout.episode import branch_of
@@ -238,3 +239,18 @@ def test_branch_bc_applies_its_kl_guard(tiny_tokenizer, tmp_path):
         else:
             assert row["actor/kl"] == 0.0
     assert any(not torch.equal(params[0.0][n], params[1.0][n]) for n in params[0.0])
+
+
+def test_decision_position_is_the_least_certain_token_first_on_a_tie():
+    assert decision_position([-0.01, -0.9, -0.2, -0.9]) == 1
+    assert decision_position([-0.3]) == 0
+
+
+def test_runner_up_heads_keep_the_prefix_and_skip_tokens_that_make_the_same_reply():
+    surface = {1: "go", 2: "north", 3: "north", 4: "south", 5: "east", 6: "west"}.__getitem__
+    # at position 1 the recorded token is 2; token 3 (" North", the same surface) makes the same reply
+    heads = runner_up_heads([1, 2, 9], 1, [(2, -0.1), (3, -2.0), (4, -2.5), (5, -3.0), (6, -4.0)],
+                            [-0.05], k=2, surface=surface)
+    assert heads == [([1, 4], [-0.05, -2.5]), ([1, 5], [-0.05, -3.0])]
+    # fewer distinct candidates than k: what there is
+    assert runner_up_heads([2], 0, [(2, -0.1), (3, -0.2), (4, -3.0)], [], k=3, surface=surface) == [([4], [-3.0])]

@@ -119,6 +119,15 @@ def test_vllm_logprobs_match_hf_scoring_and_weights_reload(tiny32, engine, monke
         assert len(u.action_ids) == len(u.logprobs) > 0
         ref = hf.score(u.prompt_ids, u.action_ids)
         torch.testing.assert_close(torch.tensor(u.logprobs), torch.tensor(ref), atol=2e-3, rtol=0)
+    # Runner-up replies (branch search): the same as HFPolicy's, from vLLM's own log-probs.
+    hf32 = HFPolicy(tiny.model, tiny.tokenizer, generation_dtype=torch.float32)
+    args = ([u.prompt_ids for u in out], [u.action_ids for u in out], 3)
+    got, want = pol.alternatives(*args, max_new_tokens=16), hf32.alternatives(*args, max_new_tokens=16)
+    assert [[v.action_ids for v in row] for row in got] == [[v.action_ids for v in row] for row in want]
+    assert all(len(row) == 3 for row in got)
+    for row_got, row_want in zip(got, want):
+        for v, w in zip(row_got, row_want):
+            torch.testing.assert_close(torch.tensor(v.logprobs), torch.tensor(w.logprobs), atol=2e-3, rtol=0)
     # Next turn extends the recorded prompt exactly.
     for c, u in zip(convs, out):
         c.messages += [Message("assistant", u.text), Message("user", "You see a door.")]

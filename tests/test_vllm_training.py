@@ -152,3 +152,46 @@ def test_turngym_train_plays_training_and_evaluations_on_one_synced_engine(tiny_
     # zero-shot evaluation, the iteration's collection, the final evaluation: each on fresh weights
     assert [v for v, _ in syncs] == [None, 0, None] and all(p for _, p in syncs)
     assert set(summary["held_out"]) == {"zero_shot", "final"} and summary["held_out"]["final"]["n"] == 4
+
+
+@needs_engine
+def test_branch_bc_screens_and_searches_with_the_engines_own_runner_ups(tiny_tokenizer, tmp_path, monkeypatch):
+    """``branch.rollout_engine: vllm``: the screen and the search are played by one engine that holds
+    the trainer's weights, pushed once per iteration; the runner-up replies are the engine's own."""
+    from turngym.agents.vllm import VLLMPolicy
+    from turngym.rollout import engine as rollout_engine
+    from turngym.trainers.branch_bc import BranchBCConfig, BranchBCTrainer
+
+    policy = HFPolicy(build_tiny32(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+    syncs, proposed = [], []
+    real_sync, real_alternatives = rollout_engine.VLLMRollouts.sync, VLLMPolicy.alternatives
+
+    def counting_sync(self, model, version=None):
+        syncs.append((version, real_sync(self, model, version)))
+        return syncs[-1][1]
+
+    def recording_alternatives(self, prompts, actions, k, stops=(), max_new_tokens=64):
+        replies = real_alternatives(self, prompts, actions, k, stops, max_new_tokens)
+        proposed.append((copy.deepcopy(policy.model.state_dict()), prompts, replies))
+        return replies
+
+    monkeypatch.setattr(rollout_engine.VLLMRollouts, "sync", counting_sync)
+    monkeypatch.setattr(VLLMPolicy, "alternatives", recording_alternatives)
+    cfg = BranchBCConfig(iterations=2, episodes_per_iter=4, num_envs=4, max_new_tokens=6, branch_points=1, branch_width=3,
+                         branch_depth=1, expert_replay=2, minibatch_size=2, actor_lr=1e-2, autocast="none",
+                         rollout_engine="vllm", vllm=ENGINE)
+    trainer = BranchBCTrainer(policy, ENV, cfg, env_kwargs={"tool_format": "text"}, out_dir=tmp_path)
+    rows = trainer.train(progress=False)
+    assert trainer.collector is None or trainer.collector.engine is None  # the engine it started is shut down
+    # each iteration pushes before its screen; its search plays on the same weights without a push
+    assert syncs == [(0, True), (0, False), (1, True), (1, False)]
+    assert rows[0]["search/failed_tasks"] > 0 and len(proposed) == 2  # the engine proposed in both searches
+    scorer = HFPolicy(build_tiny32(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+    for state, prompts, replies in proposed:
+        scorer.model.load_state_dict(state)
+        for prompt, row in zip(prompts, replies):
+            assert len(row) == 3
+            for u in row:  # the weights the trainer had when it searched
+                ref = scorer.score(prompt, u.action_ids)
+                torch.testing.assert_close(torch.tensor(u.logprobs), torch.tensor(ref), atol=2e-3, rtol=0)
+    assert any(not torch.equal(proposed[0][0][k], proposed[1][0][k]) for k in proposed[0][0])  # and they moved

@@ -40,7 +40,7 @@ from turngym.trainers.logger import MetricsLogger
 from turngym.trainers.pg import PGConfig
 from turngym.trainers.registry import algorithm_names, algorithms_help, get_algorithm
 from turngym.trainers.sft import SFTConfig, sft
-from turngym.trainers.trainer import OnlineConfig, resolve_rollout_engine
+from turngym.trainers.trainer import resolve_rollout_engine
 
 
 @dataclass
@@ -315,7 +315,7 @@ def _run(cfg: TrainConfig, progress: bool, ctx: DistContext | None, evaluator: C
     # auto decided once, so the trainer and the evaluations agree on the engine
     rl_cfg = rl_section(cfg)[1]
     engine, vllm = "hf", {}
-    if isinstance(rl_cfg, OnlineConfig):  # the online trainers may generate with vLLM
+    if hasattr(rl_cfg, "rollout_engine"):  # the online trainers and branch BC may generate with vLLM
         rl_cfg = resolve_rollout_engine(rl_cfg, ctx.enabled)
         engine, vllm = rl_cfg.rollout_engine, rl_cfg.vllm
     # one Collector for the run: envs stay open from one evaluation (and collection) to the next, and

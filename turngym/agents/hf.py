@@ -41,7 +41,8 @@ from turngym.agents.chat import ChatRenderer, chatml_tools_template
 from turngym.agents.kvcache import RowCache, common_prefix, split, stack, supports_reuse
 from turngym.agents.lookahead import greedy_with_drafts
 from turngym.agents.packed import PackedLM, SlotCache, native_bf16
-from turngym.agents.sampling import StopChecker, make_generators, row_seeds, sample_next
+from turngym.agents.sampling import (StopChecker, decision_position, make_generators, row_seeds, runner_up_heads,
+                                     sample_next)
 from turngym.tools.formats import format_stops
 from turngym.types import Utterance
 
@@ -499,14 +500,14 @@ class HFPolicy:
         for i, (a, logp) in enumerate(zip(actions, logps)):
             if not a or k < 1:
                 continue
-            pos = int(logp.max(-1).values.argmin())
-            seen = {self._surface(a[pos])}
-            for t in logp[pos].topk(min(k + 8, logp.shape[-1])).indices.tolist():
-                if self._surface(t) not in seen and len(seen) <= k:
-                    seen.add(self._surface(t))
-                    heads.append(a[:pos] + [t])
-                    lps.append([float(logp[j, x]) for j, x in enumerate(heads[-1])])
-                    owner.append(i)
+            pos = decision_position(logp.max(-1).values.tolist())
+            top = logp[pos].topk(min(k + 8, logp.shape[-1]))
+            prefix = [float(logp[j, x]) for j, x in enumerate(a[:pos])]
+            for head, lp in runner_up_heads(a, pos, list(zip(top.indices.tolist(), top.values.tolist())), prefix, k,
+                                            self._surface):
+                heads.append(head)
+                lps.append(lp)
+                owner.append(i)
         greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
         rows = [prompts[i] + h for i, h in zip(owner, heads)]
         done = [h[-1] in self.end_ids or max_new_tokens - len(h) < 1 for h in heads]

@@ -11,7 +11,7 @@ Log-probs come in two kinds, and the backends record both:
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -103,6 +103,43 @@ def row_seeds(seed: int, prompts: Sequence[Sequence[int]], turns: Sequence[int])
         k = seen.get(h, 0)
         seen[h] = k + 1
         out.append(int.from_bytes(hashlib.blake2b(h + k.to_bytes(4, "little"), digest_size=8).digest(), "little") >> 1)
+    return out
+
+
+def decision_position(best_logprobs: Sequence[float]) -> int:
+    """The reply's one real decision: the position whose most likely token is least likely (the
+    lowest top-1 log-prob; the first such position on a tie). ``best_logprobs[j]`` is the top-1
+    log-prob of the next token at position ``j`` of the reply."""
+    return min(range(len(best_logprobs)), key=lambda j: best_logprobs[j])
+
+
+def runner_up_heads(action: Sequence[int], pos: int, candidates: Sequence[tuple[int, float]],
+                    prefix_logprobs: Sequence[float], k: int,
+                    surface: Callable[[int], str]) -> list[tuple[list[int], list[float]]]:
+    """Up to ``k`` other starts of ``action``: its tokens before ``pos``, then a runner-up token at ``pos``.
+
+    A candidate whose surface (``surface(token)``: its text stripped and lower-cased) equals the
+    recorded token's or an earlier runner-up's is skipped: it would make the same reply.
+
+    Args:
+        action: The recorded reply's ids.
+        pos: The decision position (``decision_position``).
+        candidates: ``(token, log-prob)`` at ``pos``, most likely first (``k`` + a few, so that
+            skipped ones leave ``k``).
+        prefix_logprobs: The log-probs of ``action[:pos]``.
+        k: Runner-ups wanted.
+        surface: Token -> its surface form.
+
+    Returns:
+        ``(head ids, head log-probs)`` per runner-up, most likely first.
+    """
+    seen, out = {surface(action[pos])}, []
+    for token, logprob in candidates:
+        if len(out) >= k:
+            break
+        if surface(token) not in seen:
+            seen.add(surface(token))
+            out.append((list(action[:pos]) + [token], list(prefix_logprobs[:pos]) + [logprob]))
     return out
 
 

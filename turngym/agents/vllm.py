@@ -30,15 +30,16 @@ wall time of each sync.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.agents.chat import ChatRenderer
-from turngym.agents.sampling import row_seeds
+from turngym.agents.sampling import decision_position, row_seeds, runner_up_heads
 from turngym.tools.formats import format_stops
 from turngym.types import Utterance
 
@@ -125,6 +126,52 @@ class VLLMPolicy:
         text = self.tokenizer.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
         finish = "length" if out.finish_reason == "length" else "stop"
         return Utterance(text, ids, lps, finish, span, self.chat.state(conv).record)
+
+    def alternatives(self, prompts: Sequence[Sequence[int]], actions: Sequence[Sequence[int]], k: int,
+                     stops: Sequence[str] = (), max_new_tokens: int = 64) -> list[list[Utterance]]:
+        """Per recorded reply, up to ``k`` other replies the model itself ranks next, as
+        ``HFPolicy.alternatives`` makes them (its doc says why): at the reply's least certain token
+        each of the ``k`` most likely other tokens is forced, and the reply is finished greedily.
+
+        The log-probs of the recorded replies come from one scoring pass (``prompt_logprobs`` over
+        prompt + reply, the ``k + 8`` most likely tokens per position); the finishing is one greedy
+        batch, whose prompts extend the scored ones (prefix-cache hits).
+
+        Returns:
+            Per row, utterances with exact ids and raw log-probs (the forced token's included), most likely first.
+        """
+        end_ids = set(self.chat.end_token_ids)
+        prompts, actions = [list(p) for p in prompts], [list(a) for a in actions]
+        bodies = [(a[:-1] if a and a[-1] in end_ids else a) or a for a in actions]  # the closing decides nothing
+        rows = [i for i, a in enumerate(actions) if a and k >= 1]
+        scoring = self._vllm.SamplingParams(max_tokens=1, prompt_logprobs=k + 8, detokenize=False)
+        scored = self.llm.generate([{"prompt_token_ids": prompts[i] + bodies[i]} for i in rows], scoring, use_tqdm=False)
+        heads: list[tuple[int, list[int], list[float]]] = []  # (row, head ids, head log-probs)
+        for i, out in zip(rows, scored):
+            body = bodies[i]
+            ranked = [sorted(((t, float(x.logprob)) for t, x in d.items()), key=lambda c: -c[1])
+                      for d in out.prompt_logprobs[len(prompts[i]):]]  # position j predicts body[j]
+            pos = decision_position([r[0][1] for r in ranked])
+            prefix = [dict(r)[t] for r, t in zip(ranked[:pos], body)]
+            heads += [(i, h, lp) for h, lp in runner_up_heads(body, pos, ranked[pos], prefix, k, self._surface)]
+        todo = [j for j, (_, h, _) in enumerate(heads) if h[-1] not in end_ids and max_new_tokens - len(h) >= 1]
+        greedy = SamplingParams(temperature=0.0)
+        params = [self.sampling_params(dataclasses.replace(greedy, max_new_tokens=max_new_tokens - len(heads[j][1])),
+                                       list(stops), None) for j in todo]
+        finished = self.llm.generate([{"prompt_token_ids": prompts[heads[j][0]] + heads[j][1]} for j in todo], params,
+                                     use_tqdm=False) if todo else []
+        tails = {j: o.outputs[0] for j, o in zip(todo, finished)}
+        out_rows: list[list[Utterance]] = [[] for _ in prompts]
+        for j, (i, h, lp) in enumerate(heads):
+            tail = tails.get(j)
+            ids = h + (list(tail.token_ids) if tail is not None else [])
+            lps = lp + ([float(d[t].logprob) for t, d in zip(tail.token_ids, tail.logprobs)] if tail is not None else [])
+            text_ids = ids[:-1] if ids[-1] in end_ids else ids
+            out_rows[i].append(Utterance(self.tokenizer.decode(text_ids, skip_special_tokens=False), ids, lps))
+        return out_rows
+
+    def _surface(self, token: int) -> str:
+        return self.tokenizer.decode([token], skip_special_tokens=False).strip().lower()
 
     def load_weights(self, weights: Any) -> None:
         """Replace the engine's weights with the trainer's, without a restart.

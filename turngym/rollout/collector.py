@@ -244,10 +244,11 @@ class Collector:
 
     # ----- search and demonstrations ----------------------------------------------------------------
     def branch_search(self, env: EnvTarget, roots: list[tuple[EpisodeSpec, Trajectory]], *, points: int, width: int,
-                      depth: int, max_new_tokens: int, num_envs: int, by: str = "state_key",
+                      depth: int, max_new_tokens: int, num_envs: int, by: str = "state_key", version: Any = None,
                       progress: bool | str = False) -> list[Trajectory]:
-        """Branches of the failed ``roots`` (``branching.branch_search``), played by the policy itself."""
-        return branch_search(self.policy, env.factory(), roots, stops=list(env.info.stop_strings), points=points,
+        """Branches of the failed ``roots`` (``branching.branch_search``), played by ``generator(version)``
+        (the policy, or the vLLM engine holding its weights: its own runner-up replies either way)."""
+        return branch_search(self.generator(version), env.factory(), roots, stops=list(env.info.stop_strings), points=points,
                              width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs,
                              workers=self.workers, pools=self.pools, by=by, progress=progress)
 

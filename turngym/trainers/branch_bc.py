@@ -45,6 +45,7 @@ from turngym.trainers.actor import autocast, frozen_copy, prepare_trainable, use
 from turngym.trainers.distributed import DistContext, load_model_state_dict, model_state_dict
 from turngym.trainers.likelihood import likelihood_step, optimizer_steps
 from turngym.trainers.loop import IterativeTrainer
+from turngym.trainers.trainer import resolve_rollout_engine
 from turngym.trainers.registry import Algorithm, register_algorithm
 from turngym.trainers.sequences import frozen_prefix, pack_batch
 from turngym.types import Trajectory
@@ -62,6 +63,10 @@ class BranchBCConfig:
                                      "cuts a two-room loop short (0 = off)")
     max_new_tokens: int = knob(48, "length cap for one reply")
     env_workers: str = knob("local", "where envs run: local | thread | subprocess | ray")
+    rollout_engine: str = knob("hf", "who plays the screens, the search and the evaluations: hf (the trained model "
+                                     "itself) | vllm (a vLLM engine synced with the trained weights each iteration; "
+                                     "trainable all or top:K) | auto (vllm on a GPU where it is installed, else hf)")
+    vllm: dict = knob({}, "vLLM engine options when rollout_engine=vllm (as OnlineConfig.vllm)")
     branch_points: int = knob(2, "turns to branch at in each failed episode: the one that first returned to a "
                                  "visited state and the ones before it")
     branch_width: int = knob(3, "alternative replies tried at each branch point (the policy's runner-ups)")
@@ -106,6 +111,10 @@ class BranchBCConfig:
             raise ValueError(f"autocast must be auto, bf16 or none, got {self.autocast!r}")
         if self.env_workers not in ("local", "thread", "subprocess", "ray"):
             raise ValueError(f"env_workers must be local, thread, subprocess or ray, got {self.env_workers!r}")
+        if self.rollout_engine not in ("hf", "vllm", "auto"):
+            raise ValueError(f"rollout_engine must be hf, vllm or auto, got {self.rollout_engine!r}")
+        if self.rollout_engine == "vllm" and self.trainable == "lora":
+            raise ValueError("rollout_engine=vllm syncs full weights; with trainable=lora use rollout_engine=hf")
 
 
 def better(a: Trajectory | None, b: Trajectory) -> bool:
@@ -156,7 +165,8 @@ class BranchBCTrainer(IterativeTrainer):
         self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         if self.collector is None:
-            self.collector = Collector(self.policy, workers=cfg.env_workers)
+            engine = resolve_rollout_engine(cfg).rollout_engine
+            self.collector = Collector(self.policy, engine=engine, vllm=cfg.vllm, workers=cfg.env_workers)
         self.task_ids = list(self.env.info.task_ids)
         if cfg.expert_replay:
             self.experts = self.collector.demonstrations(self.env, cfg.expert_replay, cfg.seed, cfg.demo_seed)
@@ -176,7 +186,7 @@ class BranchBCTrainer(IterativeTrainer):
         specs = [EpisodeSpec(t, run_seed(cfg.seed, self.task_ids.index(t)), greedy=True) for t in self.pick_tasks()]
         greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=run_seed(cfg.seed, self.iteration))
         with CLOCK.stage("screen"):
-            roots, metrics = self.collector.collect(self.env, specs, greedy, num_envs=cfg.num_envs,
+            roots, metrics = self.collector.collect(self.env, specs, greedy, num_envs=cfg.num_envs, version=self.iteration,
                                                     progress=self.progress and "screen")
         self.screened.update({s.task_id: self.iteration for s in specs})
         self.greedy_outcomes.update({r.task_id: bool(r.success) for r in roots})
@@ -186,7 +196,8 @@ class BranchBCTrainer(IterativeTrainer):
             found = self.collector.branch_search(self.env, list(zip(specs, roots)), points=cfg.branch_points,
                                                  width=cfg.branch_width, depth=cfg.branch_depth,
                                                  max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs,
-                                                 by=cfg.branch_by, progress=self.progress and "search")
+                                                 by=cfg.branch_by, version=self.iteration,
+                                                 progress=self.progress and "search")
         failed = {r.task_id for r in roots if not r.success}
         solved = {t.task_id for t in found if t.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(found)),

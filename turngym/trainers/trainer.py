@@ -158,10 +158,12 @@ class OnlineConfig:
         return SamplingParams(self.temperature, self.top_p, self.max_new_tokens, seed=self.seed * 100_003 + iteration)
 
 
-def resolve_rollout_engine(cfg: OnlineConfig, distributed: bool = False) -> OnlineConfig:
-    """``cfg`` with ``rollout_engine: auto`` decided (``rollout.engine.resolve_engine``): vLLM only
-    where this run allows it (one process, synchronous collection, full weights)."""
-    allowed = not distributed and cfg.trainable != "lora" and cfg.sharding == "none" and cfg.async_staleness < 0
+def resolve_rollout_engine(cfg: Any, distributed: bool = False) -> Any:
+    """``cfg`` (an ``OnlineConfig``, or any config with ``rollout_engine`` and ``trainable``) with
+    ``rollout_engine: auto`` decided (``rollout.engine.resolve_engine``): vLLM only where this run
+    allows it (one process, synchronous collection, full weights)."""
+    allowed = (not distributed and cfg.trainable != "lora" and getattr(cfg, "sharding", "none") == "none"
+               and getattr(cfg, "async_staleness", -1) < 0)
     return dataclasses.replace(cfg, rollout_engine=resolve_engine(cfg.rollout_engine, allowed))
 
 
