@@ -154,10 +154,10 @@ class PackedLM:
     def attn_dtype(self) -> torch.dtype:
         """Keys, values and attention are in the weights' dtype. In bf16 on a CPU they were kept in
         fp32 while an older torch's bf16 attention over one short query row measured ~10x slower
-        than fp32's; with torch 2.13 bf16 attention is the faster one at every shape a rollout
-        makes (2 cores, AMX, and with oneDNN kept off AMX alike): 1.3-1.4x for one query row over
-        50-500 cached tokens, 2.0-2.2x over 4,000, 1.6-2.8x for a 100-token prefill over 4,000.
-        On long episodes (TextWorld-medium) attention is about half of an evaluation's time."""
+        than fp32's; with torch 2.13 bf16 attention is the faster one at every shape a rollout makes
+        (``benchmarks/attention.py``: 1.1-2.5x for one decoded token over 300-4,000 cached ones,
+        2.3-2.6x for a turn's 100-token prefill). On long episodes (TextWorld-medium) attention
+        took about half of an evaluation's time."""
         return self.dtype
 
     def fork(self, cache: SlotCache, keep: int, capacity: int, owner: int) -> SlotCache:
