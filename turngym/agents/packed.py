@@ -155,9 +155,9 @@ class PackedLM:
         """Keys, values and attention are in the weights' dtype. In bf16 on a CPU they were kept in
         fp32 while an older torch's bf16 attention over one short query row measured ~10x slower
         than fp32's; with torch 2.13 bf16 attention is the faster one at every shape a rollout makes
-        (``benchmarks/attention.py``: 1.1-2.5x for one decoded token over 300-4,000 cached ones,
-        2.3-2.6x for a turn's 100-token prefill). On long episodes (TextWorld-medium) attention
-        took about half of an evaluation's time."""
+        (``benchmarks/attention.py``, 2 threads: 1.5-2.1x for one decoded token over 300-4,000 cached
+        ones, 1.9-2.2x for a turn's 100-token prefill; 0.96-1.3x for 8 drafted tokens). On long
+        episodes (TextWorld-medium) attention took about half of an evaluation's time."""
         return self.dtype
 
     def fork(self, cache: SlotCache, keep: int, capacity: int, owner: int) -> SlotCache:

@@ -91,7 +91,8 @@ def resolve_engine(name: str, allowed: bool) -> str:
     ``allowed`` it (one process, synchronous collection, full weights), else ``hf``. On a CPU ``auto``
     is ``hf``: there the whole quickstart took as long with vLLM as with HF when vLLM generated
     1.56x faster than HF's fp32 path (2026-11-23), and HF has since gained packed bf16 forwards
-    (2.8x on an evaluation) and drafted greedy decoding (docs/benchmarks.md).
+    (2.8x on an evaluation) and drafted greedy decoding; on 2026-11-26 the whole quickstart with an
+    in-process bf16 engine took 0.92-1.06x of HF's time (docs/benchmarks.md).
 
     Raises:
         ValueError: an unknown engine name.
