@@ -30,6 +30,7 @@ Caches are tied to the weights they were computed with: after changing the model
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -42,7 +43,7 @@ from turngym.agents.kvcache import RowCache, common_prefix, split, stack, suppor
 from turngym.agents.lookahead import greedy_with_drafts
 from turngym.agents.packed import PackedLM, SlotCache, native_bf16
 from turngym.agents.sampling import (StopChecker, decision_position, make_generators, row_seeds, runner_up_heads,
-                                     sample_next)
+                                     sample_next, token_surface)
 from turngym.tools.formats import format_stops
 from turngym.types import Utterance
 
@@ -504,7 +505,7 @@ class HFPolicy:
             top = logp[pos].topk(min(k + 8, logp.shape[-1]))
             prefix = [float(logp[j, x]) for j, x in enumerate(a[:pos])]
             for head, lp in runner_up_heads(a, pos, list(zip(top.indices.tolist(), top.values.tolist())), prefix, k,
-                                            self._surface):
+                                            functools.partial(token_surface, self.tokenizer)):
                 heads.append(head)
                 lps.append(lp)
                 owner.append(i)
@@ -527,8 +528,6 @@ class HFPolicy:
                                            lp + (list(g.logprobs) if g else [])))
         return out
 
-    def _surface(self, token: int) -> str:
-        return self.tokenizer.decode([token], skip_special_tokens=False).strip().lower()
 
     def _decision_logprobs(self, prompts: list[list[int]], actions: list[list[int]],
                            room: int) -> tuple[list[torch.Tensor], list[Any]]:

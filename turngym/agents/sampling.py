@@ -113,6 +113,11 @@ def decision_position(best_logprobs: Sequence[float]) -> int:
     return min(range(len(best_logprobs)), key=lambda j: best_logprobs[j])
 
 
+def token_surface(tokenizer, token: int) -> str:
+    """A token's text, stripped and lower-cased: two runner-ups with one surface make the same reply."""
+    return tokenizer.decode([token], skip_special_tokens=False).strip().lower()
+
+
 def runner_up_heads(action: Sequence[int], pos: int, candidates: Sequence[tuple[int, float]],
                     prefix_logprobs: Sequence[float], k: int,
                     surface: Callable[[int], str]) -> list[tuple[list[int], list[float]]]:

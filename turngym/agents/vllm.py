@@ -31,6 +31,7 @@ wall time of each sync.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 import time
@@ -39,7 +40,7 @@ from typing import Any, Iterable, Sequence
 
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.agents.chat import ChatRenderer
-from turngym.agents.sampling import decision_position, row_seeds, runner_up_heads
+from turngym.agents.sampling import decision_position, row_seeds, runner_up_heads, token_surface
 from turngym.tools.formats import format_stops
 from turngym.types import Utterance
 
@@ -153,7 +154,8 @@ class VLLMPolicy:
                       for d in out.prompt_logprobs[len(prompts[i]):]]  # position j predicts body[j]
             pos = decision_position([r[0][1] for r in ranked])
             prefix = [dict(r)[t] for r, t in zip(ranked[:pos], body)]
-            heads += [(i, h, lp) for h, lp in runner_up_heads(body, pos, ranked[pos], prefix, k, self._surface)]
+            surface = functools.partial(token_surface, self.tokenizer)
+            heads += [(i, h, lp) for h, lp in runner_up_heads(body, pos, ranked[pos], prefix, k, surface)]
         todo = [j for j, (_, h, _) in enumerate(heads) if h[-1] not in end_ids and max_new_tokens - len(h) >= 1]
         greedy = SamplingParams(temperature=0.0)
         params = [self.sampling_params(dataclasses.replace(greedy, max_new_tokens=max_new_tokens - len(heads[j][1])),
@@ -170,8 +172,6 @@ class VLLMPolicy:
             out_rows[i].append(Utterance(self.tokenizer.decode(text_ids, skip_special_tokens=False), ids, lps))
         return out_rows
 
-    def _surface(self, token: int) -> str:
-        return self.tokenizer.decode([token], skip_special_tokens=False).strip().lower()
 
     def load_weights(self, weights: Any) -> None:
         """Replace the engine's weights with the trainer's, without a restart.
