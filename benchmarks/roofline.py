@@ -216,21 +216,51 @@ def measure_sft(args) -> dict:
     import dataclasses
 
     from turngym.agents.default_model import load_default
-    from turngym.rollout import Collector, EnvTarget
     from turngym.trainers.sft import sft
 
     cfg = _quickstart()
     policy = load_default()
     shape = Shape.of(policy.model.config)
     kwargs = {**cfg.env_kwargs, "split": cfg.train_split}
-    with Collector(policy) as c:  # the demonstrations sft() will clone (deterministic), to count their tokens
-        demos = c.demonstrations(EnvTarget(cfg.env_id, kwargs), cfg.sft.episodes, cfg.sft.seed, cfg.sft.demo_seed)
+    demos = _demonstrations(policy, cfg, kwargs)
     sft_cfg = dataclasses.replace(cfg.sft, epochs=args.sft_epochs)
     out = sft(policy, cfg.env_id, sft_cfg, env_kwargs=kwargs, progress=False)
     k = int(sft_cfg.trainable.split(":")[1])
     flops = batch_flops(shape, demos, policy.pad_id, k, args.sft_epochs, _frozen_prefix_supported())
     s = out["sft/train_seconds"]
     return {"seconds": s, "epochs": args.sft_epochs, "gflop": flops / 1e9, "gflops": flops / 1e9 / s}
+
+
+def _demonstrations(policy, cfg, kwargs) -> list:
+    """The demonstrations ``sft()`` will clone (deterministic), to count their tokens; versions
+    before the ``Collector`` (2026-11-26) made them with ``sft.expert_data``."""
+    try:
+        from turngym.rollout import Collector, EnvTarget
+    except ImportError:
+        from turngym.trainers.sft import expert_data
+
+        return expert_data(policy, cfg.env_id, cfg.sft.episodes, kwargs, cfg.sft.seed)
+    with Collector(policy) as c:
+        return c.demonstrations(EnvTarget(cfg.env_id, kwargs), cfg.sft.episodes, cfg.sft.seed, cfg.sft.demo_seed)
+
+
+def _clone(trainer, data) -> None:
+    """Branch BC's clone update over ``data``; versions before ``BranchBCTrainer.clone`` (2026-11-26)
+    ran the same update inline in ``step``: ``actor_update`` with A = 1 on valid turns."""
+    if hasattr(trainer, "clone"):
+        trainer.clone(data)
+        return
+    import torch
+
+    from turngym.trainers import functional as Fn
+    from turngym.trainers.actor import actor_update
+    from turngym.rewards.format import action_status
+    from turngym.trainers.sequences import pack_batch
+
+    batch = pack_batch(data, trainer.policy.pad_id)
+    adv = torch.tensor([float(action_status(data[ti].turns[k]) == "valid") for ti, k in batch.turn_refs])
+    actor_update(trainer.model, trainer.actor_opt, batch, Fn.broadcast_to_tokens(adv, batch.token_turn), None,
+                 trainer.cfg, trainer.gen, trainer.ctx)
 
 
 def _sft_weights(args, policy) -> None:
@@ -298,7 +328,7 @@ def measure_generation_and_update(args) -> dict:
     trainer.setup()
     data = [t for t in res.trajectories if t.turns]
     t0 = time.perf_counter()
-    trainer.clone(data)
+    _clone(trainer, data)
     s = time.perf_counter() - t0
     trainer.close()
     k = int(bcfg.trainable.split(":")[1])
@@ -311,7 +341,7 @@ def measure_generation_and_update(args) -> dict:
             "generation": top_ops(lambda: evaluate(cfg.env_id, policy, episodes=8, seed=10_000, distinct=True,
                                                    progress=False, env_kwargs={**cfg.env_kwargs, "split": cfg.eval.split},
                                                    num_envs=8, sampling=SamplingParams(temperature=0.0, max_new_tokens=16))),
-            "update": top_ops(lambda: trainer.clone(data[:8]))}
+            "update": top_ops(lambda: _clone(trainer, data[:8]))}
     return out
 
 
