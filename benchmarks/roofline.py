@@ -252,9 +252,9 @@ def _clone(trainer, data) -> None:
         return
     import torch
 
+    from turngym.rewards.format import action_status
     from turngym.trainers import functional as Fn
     from turngym.trainers.actor import actor_update
-    from turngym.rewards.format import action_status
     from turngym.trainers.sequences import pack_batch
 
     batch = pack_batch(data, trainer.policy.pad_id)

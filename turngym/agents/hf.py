@@ -528,7 +528,6 @@ class HFPolicy:
                                            lp + (list(g.logprobs) if g else [])))
         return out
 
-
     def _decision_logprobs(self, prompts: list[list[int]], actions: list[list[int]],
                            room: int) -> tuple[list[torch.Tensor], list[Any]]:
         """Per row, ``(len(action), V)`` raw log-probs of the next token at each action position, and
