@@ -217,6 +217,14 @@ eval: {{split: '', max_new_tokens: 6, num_envs: 4, allow_train_overlap: true}}  
     assert not [x for x in capsys.readouterr().out.splitlines() if x.startswith("[protocol]")]
     assert set(partial["finals"]["rloo"]) == {0} and partial["table"]["rloo"]["mean"]["seeds"] == 1
 
+    # --baseline pairs every arm with one more: SFT continued against the RL arm, on the same games
+    versus = _protocol([*argv, "--report-only", "--baseline", "rloo"])["table"]["sft_continued"]["per_seed"][0]
+    cont, rl = (report["finals"][a][0]["per_episode_success"] for a in ("sft_continued", "rloo"))
+    assert versus["vs_rloo"]["greedy"]["diff"] == pytest.approx((sum(cont) - sum(rl)) / 3)
+    assert "vs rloo: diff" in (out / "protocol.md").read_text()
+    with pytest.raises(SystemExit, match="--baseline archer: not an arm"):
+        _protocol([*argv, "--report-only", "--baseline", "archer"])
+
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")
 def test_release_memory_gives_freed_heap_pages_back():

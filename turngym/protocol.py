@@ -248,6 +248,17 @@ class Protocol:
         stages = _read_json(self.out / f"seed{seed}" / arm.name / "stages.json", {})
         return "eval_sft" in stages if arm.algo == "sft" else "eval_final" in stages
 
+    def baselines(self) -> tuple[str, ...]:
+        """The arms every other arm is paired with: SFT, every SFT-continued arm (one matched to each RL
+        arm's time gets its own column), branch BC, the floor a new method must beat, and ``--baseline``."""
+        names = [a.name for a in self.arms]
+        picked = ["sft", *(a.name for a in self.arms if a.algo == "sft_continued")]
+        picked += [n for n in ("branch_bc", *self.args.baseline) if n in names]
+        unknown = [n for n in self.args.baseline if n not in names]
+        if unknown:
+            raise SystemExit(f"--baseline {' '.join(unknown)}: not an arm of this protocol ({', '.join(names)})")
+        return tuple(dict.fromkeys(picked))
+
     def assemble(self, partial: bool = False) -> dict:
         """The report from the arms' output dirs; ``partial`` leaves out the (arm, seed) pairs that
         have not finished (pooled statistics then use the seeds both arms have)."""
@@ -260,8 +271,7 @@ class Protocol:
                 finals.setdefault(arm.name, {})[seed] = final
                 keep = ("iteration", "env_steps", "train_seconds", "success", "success_ci95", "temp_success")
                 curves.setdefault(arm.name, {})[seed] = [{k: p.get(k) for k in keep} for p in points]
-        # every SFT-continued arm is a baseline: one matched to each RL arm's time gets its own column
-        baselines = ("sft", *(a.name for a in self.arms if a.algo == "sft_continued"))
+        baselines = self.baselines()
         table = compare_arms(finals, baselines)
         a = self.args
         target = a.target
@@ -298,6 +308,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--same-demos", action="store_true",
                    help="every seed's SFT sees the same (first) training tasks; by default seed S draws its own "
                         "subset (sft.demo_seed=S), so seeds vary the demonstrations, not only the data order")
+    p.add_argument("--baseline", action="append", default=[], metavar="ARM",
+                   help="also pair every arm with this one (SFT, SFT-continued and branch_bc always are)")
     p.add_argument("--out", default="runs/protocol")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--report-only", action="store_true",
