@@ -405,6 +405,7 @@ def test_tree_archer_buffers_each_turn_once_scores_siblings_and_trains_the_actor
     assert [len(e["turns"]) for e in trainer.memory] == [len(g) for g in tree.sibling_groups()]
     assert row["actor/active"] == 1.0 and row["actor/informative_states"] > 0 and math.isfinite(row["actor/pg_loss"])
     assert row["critic/sibling_pairs_xfit"] > 0 and 0.0 <= row["critic/sibling_auc_xfit"] <= 1.0
+    assert row["critic/sibling_auc_xfit_low"] <= row["critic/sibling_auc_xfit"] <= row["critic/sibling_auc_xfit_high"]
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters() if n in before)
 
 

@@ -172,6 +172,16 @@ def test_sibling_auc_by_hand():
     assert math.isnan(Fn.sibling_auc(scores, torch.zeros(5), [[0, 1]])[0])  # equal values: no pair
 
 
+def test_sibling_auc_interval_resamples_states_by_hand():
+    # the groups above: A has 2 of 2 pairs right, B 0.5 of 1. Resampling the 2 states gives AA (AUC 1)
+    # with p = 1/4, AB or BA (2.5/3) with 1/2, BB (0.5) with 1/4: the 2.5% and 97.5% quantiles are 0.5 and 1
+    scores = torch.tensor([0.9, 0.1, 0.5, 0.3, 0.3])
+    values = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0])
+    assert Fn.sibling_auc_interval(scores, values, [[0, 1, 2], [3, 4]]) == (0.5, 1.0)
+    assert Fn.sibling_auc_interval(scores, values, [[0, 1, 2]]) == (1.0, 1.0)  # one state: nothing varies
+    assert all(math.isnan(x) for x in Fn.sibling_auc_interval(scores, torch.zeros(5), [[0, 1]]))
+
+
 def test_sibling_awr_weights_by_hand():
     # one state, greedy reply p=0.9 (A=0) and a runner-up p=0.1 that earned more (A=0.2), beta=0.1:
     # pi* ~ 0.9 * e^0 : 0.1 * e^2  ->  w = (0.9, 0.1 e^2) / (0.9 + 0.1 e^2)

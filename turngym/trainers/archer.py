@@ -26,7 +26,7 @@ One iteration (``collect="tree"``, the default):
 4. critic: the turns go to the replay buffer, then N TD updates. Before they do, the iteration's
    sibling pairs are scored out of sample by two side copies of the critic, each trained without
    one half of the tasks (``critic/sibling_auc_xfit``: how often Q - V ranks the sibling that earned
-   more first). The turns of a fixed share of the training tasks (``critic_holdout``) never train
+   more first; ``_low``/``_high``: its 95% bootstrap interval over states). The turns of a fixed share of the training tasks (``critic_holdout``) never train
    the critic: their pairs, kept across iterations, give ``critic/sibling_auc``.
 5. actor: AWR at the states of the actor's memory (this and earlier iterations' siblings) where the
    critic ranks another valid reply above the policy's own by at least ``awr_margin`` (replies the
@@ -548,7 +548,11 @@ class ArcherTrainer(OnlineTrainer):
                 adv = Fn.double_q_min(*critic.q_values(s, _select(enc.sa, index))) - critic.value(s)
             scores[index] = adv
         auc, pairs = Fn.sibling_auc(scores, values, groups)
-        return {"critic/sibling_auc_xfit": auc, "critic/sibling_pairs_xfit": float(pairs)} if pairs else {}
+        if not pairs:
+            return {}
+        low, high = Fn.sibling_auc_interval(scores, values, groups, seed=self.iteration)
+        return {"critic/sibling_auc_xfit": auc, "critic/sibling_pairs_xfit": float(pairs),
+                "critic/sibling_auc_xfit_low": low, "critic/sibling_auc_xfit_high": high}
 
     def _keep_heldout_pairs(self, groups: list[list[int]], enc: Encoded, values: torch.Tensor) -> None:
         """Store the held-out tasks' sibling groups (features and values): the critic never trains
