@@ -26,8 +26,9 @@ One iteration (``collect="tree"``, the default):
 4. critic: the turns go to the replay buffer, then N TD updates. Before they do, the iteration's
    sibling pairs are scored out of sample by two side copies of the critic, each trained without
    one half of the tasks (``critic/sibling_auc_xfit``: how often Q - V ranks the sibling that earned
-   more first; ``_low``/``_high``: its 95% bootstrap interval over states). The turns of a fixed share of the training tasks (``critic_holdout``) never train
-   the critic: their pairs, kept across iterations, give ``critic/sibling_auc``.
+   more first; ``_low``/``_high``: its 95% bootstrap interval over states). The turns of a fixed
+   share of the training tasks (``critic_holdout``) never train the critic: their pairs, kept across
+   iterations, give ``critic/sibling_auc``.
 5. actor: AWR at the states of the actor's memory (this and earlier iterations' siblings) where the
    critic ranks another valid reply above the policy's own by at least ``awr_margin`` (replies the
    env rejected are never targets), only while the out-of-sample sibling AUC (the cross-fit, else
