@@ -199,6 +199,8 @@ eval: {{split: '', max_new_tokens: 6, num_envs: 4, allow_train_overlap: true}}  
     assert report["curves"]["sft_continued"][0][-1]["env_steps"] is None
     assert json.loads((out / "protocol.json").read_text())["games"] == 3
     assert (out / "protocol.png").stat().st_size > 0 and "vs sft_continued" in (out / "protocol.md").read_text()
+    weights = [(out / "seed0" / arm / "sft_model.pt").stat() for arm in ("sft", "rloo", "sft_continued")]
+    assert len({w.st_ino for w in weights}) == 1  # every arm links the seed's SFT weights, none copies them
     # sft; rloo after iteration 1 and at its end; sft_continued at rloo's iteration-1 time and at its end
     assert first.count("[protocol]") == 5
 

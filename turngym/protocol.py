@@ -140,7 +140,7 @@ class Protocol:
         stages = _read_json(out / "stages.json", {})
         if "sft" in stages:
             return
-        shutil.copyfile(sft_dir / "sft_model.pt", out / "sft_model.pt")
+        link_or_copy(sft_dir / "sft_model.pt", out / "sft_model.pt")
         done = _read_json(sft_dir / "stages.json")
         _write_json(out / "stages.json", {"sft": done["sft"], "eval_sft": done["eval_sft"], **stages})
 
@@ -291,6 +291,17 @@ class Protocol:
                                                                     baselines=baselines))
         plot_curves(curves, self.out / "protocol.png", title=f"{self.base.env_id}: held-out greedy success")
         return report
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` as a hard link to ``src`` (every arm of a seed starts from the same SFT weights: half a
+    GB each for the embedded model), or a copy across file systems. Sharing the file is safe because
+    the pipeline never writes into an existing weights file: it writes a new one and renames it over."""
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
