@@ -28,6 +28,16 @@ def demos(deep):
     return guess_demonstrations(deep)
 
 
+def _shorten(batch, pad_id, cuts):
+    """Cut ``cuts[row]`` tokens off the end of those rows: rows of different lengths, right-padded."""
+    for r, cut in cuts.items():
+        n = int(batch.attention_mask[r].sum())
+        batch.attention_mask[r, n - cut:] = 0
+        batch.input_ids[r, n - cut:] = pad_id
+        batch.score_mask[r, n - cut - 1:] = False
+    return batch
+
+
 def test_the_split_forward_scores_and_steps_as_the_whole_one(deep, demos):
     model = deep.model
     assert frozen_blocks(model) == 2
@@ -94,12 +104,7 @@ def test_right_padded_batches_run_without_a_mask_and_score_the_same(deep, demos)
     assert causal_kernel_mask(right) is None and causal_kernel_mask(torch.ones(2, 4)) is None
     left = torch.tensor([[0, 1, 1], [1, 1, 1]])
     assert causal_kernel_mask(left) is left
-    batch = pack_batch(demos, deep.pad_id)
-    for r, cut in ((1, 7), (3, 12)):  # rows of different lengths: cut two short, right-padded
-        n = int(batch.attention_mask[r].sum())
-        batch.attention_mask[r, n - cut:] = 0
-        batch.input_ids[r, n - cut:] = deep.pad_id
-        batch.score_mask[r, n - cut - 1:] = False
+    batch = _shorten(pack_batch(demos, deep.pad_id), deep.pad_id, {1: 7, 3: 12})
     with torch.no_grad():
         got = score(deep.model, batch).logprobs
         want = []
@@ -109,3 +114,37 @@ def test_right_padded_batches_run_without_a_mask_and_score_the_same(deep, demos)
             m = batch.score_mask[r, :n]
             want.append(logits[m].gather(-1, batch.targets[r, :n][m][:, None])[:, 0])
     torch.testing.assert_close(got, torch.cat(want), atol=1e-5, rtol=1e-5)
+
+
+def test_packed_rows_score_and_backpropagate_as_the_padded_forward(deep, demos, monkeypatch):
+    from turngym.trainers import sequences
+
+    model = deep.model
+    batch = frozen_prefix(model, _shorten(pack_batch(demos, deep.pad_id), deep.pad_id, {1: 7, 3: 12}), chunk_rows=4)
+    assert sequences.packed_blocks_agree(model, 2)
+
+    def logprobs_and_grads():
+        model.zero_grad()
+        lp = score(model, batch).logprobs
+        lp.sum().backward()
+        return lp.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    packed_lp, packed_grads = logprobs_and_grads()
+    monkeypatch.setattr(sequences, "packed_blocks_agree", lambda *a: False)  # the padded blocks instead
+    padded_lp, padded_grads = logprobs_and_grads()
+    torch.testing.assert_close(packed_lp, padded_lp, atol=1e-5, rtol=1e-5)
+    for a, b in zip(packed_grads, padded_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_the_frozen_blocks_run_packed_and_give_the_padded_output(deep, demos, monkeypatch):
+    from turngym.trainers import sequences
+
+    batch = _shorten(pack_batch(demos, deep.pad_id), deep.pad_id, {1: 9})
+    assert sequences.packed_blocks_agree(deep.model, 0, 2)
+    packed = frozen_prefix(deep.model, batch, chunk_rows=4).prefix[2]
+    monkeypatch.setattr(sequences, "packed_blocks_agree", lambda *a: False)
+    padded = frozen_prefix(deep.model, batch, chunk_rows=4).prefix[2]
+    real = batch.attention_mask.bool()
+    torch.testing.assert_close(packed[real], padded[real], atol=1e-5, rtol=1e-5)
+    assert not packed[~real].any()  # padding positions stay zero

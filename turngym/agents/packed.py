@@ -70,6 +70,32 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def attention_shape(config: Any) -> tuple[int, int, int]:
+    """``(query heads, key/value heads, head dim)`` of a Llama-style model's config."""
+    cfg = config.get_text_config(decoder=True)
+    heads = cfg.num_attention_heads
+    return heads, getattr(cfg, "num_key_value_heads", None) or heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+
+
+def block_forward(layer: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, shape: tuple[int, int, int],
+                  attend: Any) -> torch.Tensor:
+    """One Llama-style decoder block over a packed ``(1, N, hidden)`` sequence, from the block's own
+    modules (norms, projections, MLP). ``attend(q, k, v)`` maps the rotated ``(1, heads, N, head_dim)``
+    queries and ``(1, kv_heads, N, head_dim)`` keys and values to the ``(1, heads, N, head_dim)``
+    attention output: the only part that depends on which tokens see which (rows, caches)."""
+    heads, kv_heads, head_dim = shape
+    attn, total = layer.self_attn, h.shape[1]
+    x = layer.input_layernorm(h)
+    q = attn.q_proj(x).view(1, total, heads, head_dim).transpose(1, 2)
+    k = attn.k_proj(x).view(1, total, kv_heads, head_dim).transpose(1, 2)
+    v = attn.v_proj(x).view(1, total, kv_heads, head_dim).transpose(1, 2)
+    q = q * cos + _rotate_half(q) * sin  # RoPE (Su et al., 2021), as the model's own layer applies it
+    k = k * cos + _rotate_half(k) * sin
+    o = attend(q, k, v)
+    h = h + attn.o_proj(o.transpose(1, 2).reshape(1, total, -1).to(h.dtype))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
 class PackedLM:
     """The packed forward over a Llama-style ``*ForCausalLM`` (Llama, Qwen2, SmolLM2, ...).
 
@@ -87,10 +113,8 @@ class PackedLM:
         else:
             self.runner = model
         self.base = self.runner.model
-        cfg = model.config.get_text_config(decoder=True)
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.shape = attention_shape(model.config)
+        self.n_heads, self.n_kv, self.head_dim = self.shape
         self.layers = list(self.base.layers)
 
     @classmethod
@@ -204,32 +228,26 @@ class PackedLM:
         ids = torch.tensor([t for x in new for t in x], device=device)[None]
         pos = torch.cat([torch.arange(p, p + n) for p, n in zip(past, lens)]).to(device)[None]
         ends = torch.tensor(lens).cumsum(0).tolist()
-        starts = [e - n for e, n in zip(ends, lens)]
         # row i's query j (absolute position past_i + j) sees cached slots 0 .. past_i + j
         masks = [None if n == 1 else (torch.arange(p + n, device=device)[None] <= (p + torch.arange(n, device=device))[:, None])
                  for p, n in zip(past, lens)]
         h = self.base.embed_tokens(ids)
         cos, sin = self.base.rotary_emb(h, pos)
         cos, sin = cos[:, None], sin[:, None]  # (1, 1, N, D): broadcast over heads
-        total = ids.shape[1]
         for li, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(1, total, self.n_heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(1, total, self.n_kv, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(1, total, self.n_kv, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin  # RoPE (Su et al., 2021), as the model's own layer applies it
-            k = k * cos + _rotate_half(k) * sin
-            q, k, v = q.to(self.attn_dtype), k.to(self.attn_dtype), v.to(self.attn_dtype)
-            outs = []
-            for c, p, n, s, e, m in zip(caches, past, lens, starts, ends, masks):
-                c.keys[li][:, p : p + n] = k[0, :, s:e]
-                c.values[li][:, p : p + n] = v[0, :, s:e]
-                o = F.scaled_dot_product_attention(q[:, :, s:e], c.keys[li][None, :, : p + n], c.values[li][None, :, : p + n],
-                                                   attn_mask=m, scale=attn.scaling, enable_gqa=True)
-                outs.append(o[0].transpose(0, 1).reshape(n, -1))
-            h = h + attn.o_proj(torch.cat(outs)[None].to(h.dtype))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            def attend(q, k, v, li=li, scaling=layer.self_attn.scaling):
+                # per row: write its new keys/values into its cache, attend over the cache
+                q, k, v = q.to(self.attn_dtype), k.to(self.attn_dtype), v.to(self.attn_dtype)
+                outs = []
+                for c, p, n, m, qi, ki, vi in zip(caches, past, lens, masks, q.split(lens, 2), k.split(lens, 2), v.split(lens, 2)):
+                    kc, vc = c.keys[li], c.values[li]
+                    kc[:, p : p + n] = ki[0]
+                    vc[:, p : p + n] = vi[0]
+                    outs.append(F.scaled_dot_product_attention(qi, kc[None, :, : p + n], vc[None, :, : p + n],
+                                                               attn_mask=m, scale=scaling, enable_gqa=True))
+                return torch.cat(outs, 2)
+
+            h = block_forward(layer, h, cos, sin, self.shape, attend)
         for c, x in zip(caches, new):
             c.ids.extend(x)
         tail = tail or [1] * len(new)

@@ -41,7 +41,7 @@ from turngym.rollout import Collector, EnvTarget, EpisodeSpec
 from turngym.rollout.branching import BRANCH_BY
 from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
-from turngym.trainers.actor import autocast, frozen_copy, prepare_trainable, use_bf16
+from turngym.trainers.actor import actor_optimizer, autocast, frozen_copy, prepare_trainable, use_bf16
 from turngym.trainers.distributed import DistContext, load_model_state_dict, model_state_dict
 from turngym.trainers.likelihood import likelihood_step, optimizer_steps
 from turngym.trainers.loop import IterativeTrainer
@@ -162,7 +162,7 @@ class BranchBCTrainer(IterativeTrainer):
         if hasattr(self.policy, "generation_dtype"):  # sample in the update's precision
             bf16 = use_bf16(cfg.autocast, next(self.model.parameters()).device.type)
             self.policy.generation_dtype = torch.bfloat16 if bf16 else None
-        self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
+        self.actor_opt = actor_optimizer(self.model, cfg.actor_lr)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         if self.collector is None:
             engine = resolve_rollout_engine(cfg).rollout_engine

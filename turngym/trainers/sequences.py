@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from turngym.agents.packed import attention_shape, block_forward
 from turngym.trainers import functional as Fn
 from turngym.types import TokenRecord, Trajectory
 
@@ -224,13 +225,21 @@ def score_forward(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     """``score``'s forward on device tensors: ``(logprobs (M,), entropy (M,) or None, hidden or None)``;
     with ``prefix = (k, (B, T, H) hidden)``, from the output of block k-1 on (no ``hidden``)."""
     backbone, head = backbone_and_head(model)
+    real = attention_mask.bool()
     if not hidden:  # only real positions are read: a right-padded batch runs the causal kernel
         attention_mask = causal_kernel_mask(attention_mask)
     if prefix is not None:
         k, h0 = prefix
-        with _only_blocks(backbone, k, None):
-            h = backbone(inputs_embeds=h0, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        logprobs, ent = Fn.token_logprobs_and_entropy(head(h[mask]), targets[mask], entropy)
+        if attention_mask is None and packed_blocks_agree(model, k):
+            # the rows' real tokens end to end, so the blocks multiply no padding (a quarter of
+            # a clone fit's padded tokens); ``mask`` lies on real tokens, in the same row-major order
+            h = packed_blocks(backbone, k, h0[real][None], real.sum(1).tolist())[0]
+            logits = head(h[mask[real]])
+        else:
+            with _only_blocks(backbone, k, None):
+                h = backbone(inputs_embeds=h0, attention_mask=attention_mask, use_cache=False).last_hidden_state
+            logits = head(h[mask])
+        logprobs, ent = Fn.token_logprobs_and_entropy(logits, targets[mask], entropy)
         return logprobs, ent, None
     kept: list[torch.Tensor] = []
     hook = None
@@ -338,6 +347,61 @@ def _split_agrees(model: torch.nn.Module, k: int) -> bool:
     return seen[k]
 
 
+def packed_blocks(backbone: torch.nn.Module, start: int, h: torch.Tensor, lens: list[int],
+                  stop: int | None = None) -> torch.Tensor:
+    """Blocks ``start:stop`` over rows packed end to end: ``h`` is ``(1, sum(lens), hidden)``, the
+    input of block ``start`` for each row's real tokens in turn; with ``stop=None`` the final norm
+    follows (as ``_only_blocks``). Each row attends causally within itself (one attention call per
+    row and block) and its positions restart at 0, so every real position gets what the padded
+    forward gives it, and no padding is multiplied (a quarter of a clone fit's padded tokens).
+    ``packed_blocks_agree`` checks that on the model before it is used."""
+    pos = torch.cat([torch.arange(n, device=h.device) for n in lens])[None]
+    cos, sin = backbone.rotary_emb(h, pos)
+    cos, sin = cos[:, None], sin[:, None]
+    shape = attention_shape(backbone.config)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+        return torch.cat([torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling,
+                                                                           enable_gqa=True)
+                          for qi, ki, vi in zip(q.split(lens, 2), k.split(lens, 2), v.split(lens, 2))], 2)
+
+    for layer in list(backbone.layers)[start:stop]:
+        h = block_forward(layer, h, cos, sin, shape, functools.partial(attend, scaling=layer.self_attn.scaling))
+    return backbone.norm(h) if stop is None else h
+
+
+@torch.no_grad()
+def packed_blocks_agree(model: torch.nn.Module, start: int, stop: int | None = None) -> bool:
+    """Whether ``packed_blocks`` gives the model's own blocks ``start:stop`` on a right-padded probe
+    batch in fp32 (once per model and split; a model of another layout falls back to padding)."""
+    seen = _AGREES.setdefault(model, {})
+    if ("packed", start, stop) not in seen:
+        backbone, _ = backbone_and_head(model)
+        device = next(model.parameters()).device
+        g = torch.Generator().manual_seed(1)
+        vocab, width = model.get_input_embeddings().weight.shape
+        real = torch.ones(2, 9, dtype=torch.bool, device=device)
+        real[1, 6:] = False
+        training = model.training
+        model.eval()
+        try:
+            if start == 0:  # from token ids: the caller embeds with ``embed_tokens`` alone
+                ids = torch.randint(0, vocab, (2, 9), generator=g).to(device)
+                inputs, h0 = {"input_ids": ids}, backbone.embed_tokens(ids)
+            else:
+                h0 = torch.randn(2, 9, width, generator=g).to(device)
+                inputs = {"inputs_embeds": h0}
+            with _only_blocks(backbone, start, stop):
+                want = backbone(**inputs, use_cache=False).last_hidden_state[real]
+            got = packed_blocks(backbone, start, h0[real][None], real.sum(1).tolist(), stop)[0]
+            seen["packed", start, stop] = bool(torch.allclose(got.float(), want.float(), atol=1e-4, rtol=1e-4))
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            seen["packed", start, stop] = False
+        finally:
+            model.train(training)
+    return seen["packed", start, stop]
+
+
 @torch.no_grad()
 def frozen_prefix(model: torch.nn.Module, batch: PackedBatch, chunk_rows: int, autocast: Any = None,
                   on_chunk: Any = None) -> PackedBatch:
@@ -357,6 +421,7 @@ def frozen_prefix(model: torch.nn.Module, batch: PackedBatch, chunk_rows: int, a
         return batch
     backbone, _ = backbone_and_head(model)
     device = next(model.parameters()).device
+    packed = packed_blocks_agree(model, 0, k)
     out = None
     training = model.training
     model.eval()  # no dropout either way (frozen_blocks checked); eval skips nothing else
@@ -366,8 +431,15 @@ def frozen_prefix(model: torch.nn.Module, batch: PackedBatch, chunk_rows: int, a
             width = int(batch.attention_mask[rows].sum(dim=1).max())
             ids = batch.input_ids[rows, :width].to(device)
             attn = causal_kernel_mask(batch.attention_mask[rows, :width].to(device))
-            with (autocast() if autocast is not None else contextlib.nullcontext()), _only_blocks(backbone, 0, k):
-                h = backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+            with (autocast() if autocast is not None else contextlib.nullcontext()):
+                if attn is None and packed:  # the rows' real tokens end to end (padding stays zero)
+                    real = batch.attention_mask[rows, :width].to(device).bool()
+                    flat = packed_blocks(backbone, 0, backbone.embed_tokens(ids[real])[None], real.sum(1).tolist(), k)[0]
+                    h = flat.new_zeros(len(rows), width, flat.shape[-1])
+                    h[real] = flat
+                else:
+                    with _only_blocks(backbone, 0, k):
+                        h = backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
             if out is None:
                 out = h.new_zeros(batch.input_ids.shape[0], batch.input_ids.shape[1], h.shape[-1])
             out[i : i + len(rows), :width] = h

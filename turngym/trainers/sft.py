@@ -25,7 +25,7 @@ import torch
 
 from turngym.config import knob
 from turngym.rollout import Collector, EnvTarget
-from turngym.trainers.actor import autocast, prepare_trainable
+from turngym.trainers.actor import actor_optimizer, autocast, prepare_trainable
 from turngym.trainers.likelihood import likelihood_step
 from turngym.trainers.logger import advance_bar, progress_bar
 from turngym.trainers.sequences import frozen_prefix, join_prefixes, pack_batch
@@ -108,7 +108,7 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
     """The update loop: ``cfg.epochs`` shuffled passes of the likelihood update (``likelihood_step``:
     the mean NLL of the demonstrations' tokens), or until ``cfg.time_budget_s``."""
     model = policy.model
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
+    opt = actor_optimizer(model, cfg.lr)
     rng = random.Random(cfg.seed)
     steps_per_epoch = (len(data) + cfg.batch_size - 1) // cfg.batch_size
     bar = progress_bar("sft", steps=cfg.epochs * steps_per_epoch, budget_s=cfg.time_budget_s, disable=not progress)

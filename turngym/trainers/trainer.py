@@ -33,7 +33,7 @@ from turngym.config import knob
 from turngym.rewards import bind_policy, load_reward_state_dict, make_reward, reward_state_dict, wants_policy
 from turngym.rollout import Collector, EnvTarget, EpisodeSpec, TaskSchedule
 from turngym.rollout.engine import resolve_engine
-from turngym.trainers.actor import frozen_copy, prepare_trainable, shard_model, use_bf16
+from turngym.trainers.actor import actor_optimizer, frozen_copy, prepare_trainable, shard_model, use_bf16
 from turngym.trainers.distributed import (
     DistContext,
     full_params,
@@ -215,7 +215,7 @@ class OnlineTrainer(IterativeTrainer):
         self.ctx.broadcast_params(self.model)  # e.g. LoRA adapters start random on each rank
         if cfg.sharding == "fsdp":  # before the optimizer, which must hold the shards
             self.model = self.policy.model = shard_model(self.model, self.ctx)
-        self.actor_opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.actor_lr)
+        self.actor_opt = actor_optimizer(self.model, cfg.actor_lr)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         if self.ref is not None:
             bind_policy(self.reward_fn, self.ref)  # e.g. SPA reads the SFT'd policy's hidden states
