@@ -85,9 +85,10 @@ def shard_model(model: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
 
 def actor_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
     """AdamW over ``model``'s trainable parameters, fused into one kernel per step where torch has it
-    (plain tensors on a CPU or CUDA device; a sharded model's DTensors keep the per-parameter loop).
-    On SmolLM2's top 8 blocks a step took 19 ms fused against 63-75 ms per parameter and 88-98 ms
-    with ``foreach``: 3 s of the quickstart's 64-step clone fit. The update is the same AdamW."""
+    (plain tensors on a CPU or CUDA device; a sharded model's DTensors keep the per-parameter loop):
+    on a CPU torch otherwise loops over the tensors one by one, several times slower for the 73
+    tensors of SmolLM2's top 8 blocks. The update is the same AdamW (``benchmarks/roofline.py``
+    measures the fit)."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = bool(params) and all(p.device.type in ("cpu", "cuda") and not hasattr(p, "device_mesh") for p in params)
     return torch.optim.AdamW(params, lr=lr, fused=fused or None)
