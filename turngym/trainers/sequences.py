@@ -315,7 +315,7 @@ def frozen_blocks(model: torch.nn.Module) -> int:
     return k
 
 
-_AGREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {k: whether the split agrees}
+_AGREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {k or ("packed", start, stop): agrees}
 
 
 @torch.no_grad()
