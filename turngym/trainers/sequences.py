@@ -319,32 +319,45 @@ _AGREES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {k 
 
 
 @torch.no_grad()
-def _split_agrees(model: torch.nn.Module, k: int) -> bool:
-    """Whether blocks 0:k then k: (``_only_blocks``) give the model's own forward, on a short padded
-    probe batch in fp32 (once per model and k)."""
+def _probe_once(model: torch.nn.Module, key: Any, check: Any) -> bool:
+    """``check(backbone, device, generator) -> bool`` run once per model and ``key``, in eval mode on
+    fp32 probe inputs; False when it raises (a model of another layout)."""
     seen = _AGREES.setdefault(model, {})
-    if k not in seen:
+    if key not in seen:
         backbone, _ = backbone_and_head(model)
-        device = next(model.parameters()).device
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, model.get_input_embeddings().weight.shape[0], (2, 9), generator=g).to(device)
-        attn = torch.ones_like(ids)
-        attn[1, 6:] = 0  # a shorter row, right-padded as pack_batch pads
         training = model.training
         model.eval()
         try:
-            want = backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-            with _only_blocks(backbone, 0, k):
-                h = backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-            with _only_blocks(backbone, k, None):
-                got = backbone(inputs_embeds=h, attention_mask=attn, use_cache=False).last_hidden_state
-            real = attn.bool()
-            seen[k] = bool(torch.allclose(got[real], want[real], atol=1e-4, rtol=1e-4))
+            seen[key] = bool(check(backbone, next(model.parameters()).device, torch.Generator().manual_seed(0)))
         except (AttributeError, TypeError, ValueError, RuntimeError):
-            seen[k] = False
+            seen[key] = False
         finally:
             model.train(training)
-    return seen[k]
+    return seen[key]
+
+
+def _probe_rows(device: torch.device) -> torch.Tensor:
+    """The probes' ``(2, 9)`` real-token mask: the second row shorter, right-padded as ``pack_batch`` pads."""
+    real = torch.ones(2, 9, dtype=torch.bool, device=device)
+    real[1, 6:] = False
+    return real
+
+
+def _split_agrees(model: torch.nn.Module, k: int) -> bool:
+    """Whether blocks 0:k then k: (``_only_blocks``) give the model's own forward, on a short padded
+    probe batch in fp32 (once per model and k)."""
+    def check(backbone, device, g):
+        ids = torch.randint(0, model.get_input_embeddings().weight.shape[0], (2, 9), generator=g).to(device)
+        real = _probe_rows(device)
+        attn = real.long()
+        want = backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+        with _only_blocks(backbone, 0, k):
+            h = backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+        with _only_blocks(backbone, k, None):
+            got = backbone(inputs_embeds=h, attention_mask=attn, use_cache=False).last_hidden_state
+        return torch.allclose(got[real], want[real], atol=1e-4, rtol=1e-4)
+
+    return _probe_once(model, k, check)
 
 
 def packed_blocks(backbone: torch.nn.Module, start: int, h: torch.Tensor, lens: list[int],
@@ -370,36 +383,24 @@ def packed_blocks(backbone: torch.nn.Module, start: int, h: torch.Tensor, lens: 
     return backbone.norm(h) if stop is None else h
 
 
-@torch.no_grad()
 def packed_blocks_agree(model: torch.nn.Module, start: int, stop: int | None = None) -> bool:
     """Whether ``packed_blocks`` gives the model's own blocks ``start:stop`` on a right-padded probe
     batch in fp32 (once per model and split; a model of another layout falls back to padding)."""
-    seen = _AGREES.setdefault(model, {})
-    if ("packed", start, stop) not in seen:
-        backbone, _ = backbone_and_head(model)
-        device = next(model.parameters()).device
-        g = torch.Generator().manual_seed(1)
+    def check(backbone, device, g):
         vocab, width = model.get_input_embeddings().weight.shape
-        real = torch.ones(2, 9, dtype=torch.bool, device=device)
-        real[1, 6:] = False
-        training = model.training
-        model.eval()
-        try:
-            if start == 0:  # from token ids: the caller embeds with ``embed_tokens`` alone
-                ids = torch.randint(0, vocab, (2, 9), generator=g).to(device)
-                inputs, h0 = {"input_ids": ids}, backbone.embed_tokens(ids)
-            else:
-                h0 = torch.randn(2, 9, width, generator=g).to(device)
-                inputs = {"inputs_embeds": h0}
-            with _only_blocks(backbone, start, stop):
-                want = backbone(**inputs, use_cache=False).last_hidden_state[real]
-            got = packed_blocks(backbone, start, h0[real][None], real.sum(1).tolist(), stop)[0]
-            seen["packed", start, stop] = bool(torch.allclose(got.float(), want.float(), atol=1e-4, rtol=1e-4))
-        except (AttributeError, TypeError, ValueError, RuntimeError):
-            seen["packed", start, stop] = False
-        finally:
-            model.train(training)
-    return seen["packed", start, stop]
+        real = _probe_rows(device)
+        if start == 0:  # from token ids: the caller embeds with ``embed_tokens`` alone
+            ids = torch.randint(0, vocab, (2, 9), generator=g).to(device)
+            inputs, h0 = {"input_ids": ids}, backbone.embed_tokens(ids)
+        else:
+            h0 = torch.randn(2, 9, width, generator=g).to(device)
+            inputs = {"inputs_embeds": h0}
+        with _only_blocks(backbone, start, stop):
+            want = backbone(**inputs, use_cache=False).last_hidden_state[real]
+        got = packed_blocks(backbone, start, h0[real][None], real.sum(1).tolist(), stop)[0]
+        return torch.allclose(got.float(), want.float(), atol=1e-4, rtol=1e-4)
+
+    return _probe_once(model, ("packed", start, stop), check)
 
 
 @torch.no_grad()
