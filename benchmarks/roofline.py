@@ -15,6 +15,14 @@ and the SFT step reach on the embedded SmolLM2-135M, in one run.
 4. **Actor update.** Branch BC's clone update (``BranchBCTrainer.clone``, minibatches of 4
    episodes, top 8 blocks) for ``--update-epochs`` passes over the evaluation's episodes.
 
+5. **Why not more.** Two ceilings that no scheduling removes, measured the same way:
+   - *the model's own matmuls*: the GFLOP/s of one block's 7 projections (``F.linear`` at the
+     model's widths) over as many token rows as a decode forward, a turn's prefill and a clone
+     minibatch feed them: at 576 hidden units a small matmul reaches a fraction of the large-shape peak;
+   - *memory*: the best GB/s of reading a buffer far larger than the caches, against the bytes each
+     generation forward must read (every weight once, and every row's cached keys and values).
+     ``intensity x bandwidth`` is the FLOP/s a forward cannot exceed however fast the arithmetic.
+
 FLOPs come from the model's shape (a multiply-add is 2 FLOPs): per token the 7 projections of each
 block, per (query, key) pair of causal attention ``4 * heads * head_dim`` per block, and
 ``2 * hidden * vocab`` per row that gets logits. Only real tokens count (padding is waste, not work).
@@ -131,12 +139,48 @@ def matmul_peak(dtype, seconds: float = 1.0) -> float:
     return best
 
 
+def memory_bandwidth(seconds: float = 1.0, gib: float = 1.0) -> float:
+    """Best GB/s of reading ``gib`` GiB of fp32 (a sum: one read of every byte, next to no arithmetic),
+    far larger than any cache, on the threads this process may use."""
+    import torch
+
+    x = torch.ones(int(gib * 2**30) // 4)
+    x.sum()  # warm up (page faults)
+    best, t_end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def block_matmul_gflops(s: Shape, tokens: int, dtype, seconds: float = 0.5) -> float:
+    """GFLOP/s of one block's 7 projections (q, k, v, o, gate, up, down) at the model's widths over
+    ``tokens`` rows: the best the model's own linear layers can do at that batch, in ``dtype``."""
+    import torch
+    import torch.nn.functional as F
+
+    h, a, kv = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim
+    x, y = torch.randn(tokens, h).to(dtype), torch.randn(tokens, s.intermediate).to(dtype)
+    weights = [(x, torch.randn(o, h).to(dtype)) for o in (a, kv, kv, s.intermediate, s.intermediate)]
+    weights += [(torch.randn(tokens, a).to(dtype), torch.randn(h, a).to(dtype)), (y, torch.randn(h, s.intermediate).to(dtype))]
+    for inp, w in weights:
+        F.linear(inp, w)  # warm up
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for inp, w in weights:
+            F.linear(inp, w)
+        reps += 1
+    return tokens * s.block_token * reps / (time.perf_counter() - t0) / 1e9
+
+
 class ForwardMeter:
     """Times and counts every ``PackedLM.forward`` call (prefill vs decode) while installed."""
 
     def __init__(self, shape: Shape) -> None:
         self.shape = shape
-        self.rows = {k: {"calls": 0, "tokens": 0, "pairs": 0, "logit_rows": 0, "seconds": 0.0} for k in ("prefill", "decode")}
+        self.rows = {k: {"calls": 0, "tokens": 0, "pairs": 0, "logit_rows": 0, "bytes": 0, "seconds": 0.0}
+                     for k in ("prefill", "decode")}
 
     def install(self):
         from turngym.agents import packed
@@ -156,6 +200,7 @@ class ForwardMeter:
             row["tokens"] += sum(lens)
             row["pairs"] += sum(cached_pairs(p, n) for p, n in zip(past, lens))
             row["logit_rows"] += sum(min(t, n) for t, n in zip(tail or [1] * len(new), lens))
+            row["bytes"] += forward_bytes(engine, past, lens, caches[0].keys[0].dtype)
             return out
 
         packed.PackedLM.forward = forward
@@ -165,8 +210,26 @@ class ForwardMeter:
         out = {}
         for k, r in self.rows.items():
             flops = forward_flops(self.shape, r["tokens"], r["pairs"], r["logit_rows"])
-            out[k] = {**r, "gflop": flops / 1e9, "gflops": flops / 1e9 / r["seconds"] if r["seconds"] else 0.0}
+            out[k] = {**r, "gflop": flops / 1e9, "gflops": flops / 1e9 / r["seconds"] if r["seconds"] else 0.0,
+                      "gbps": r["bytes"] / 1e9 / r["seconds"] if r["seconds"] else 0.0,
+                      "flop_per_byte": flops / max(1, r["bytes"])}
         return out
+
+
+def forward_bytes(engine, past: list[int], lens: list[int], kv_dtype) -> int:
+    """The bytes a packed forward must read at least: every weight once (a tied embedding counts
+    once: the LM head reads all of it), and each row's cached plus new keys and values (kept in
+    ``kv_dtype``) in every layer."""
+    runner = getattr(engine, "runner", engine.model)  # older versions generate from the model itself
+    weights = {p.data_ptr(): p.numel() * p.element_size() for p in runner.parameters()}
+    per_token = 2 * len(engine.layers) * engine.n_kv * engine.head_dim * torch_itemsize(kv_dtype)
+    return sum(weights.values()) + per_token * (sum(past) + sum(lens))
+
+
+def torch_itemsize(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def batch_flops(shape: Shape, trajs, pad_id: int, trainable: int, epochs: int, cached: bool) -> float:
@@ -183,6 +246,12 @@ def batch_flops(shape: Shape, trajs, pad_id: int, trainable: int, epochs: int, c
     return frozen + epochs * update_flops(shape, tokens, pairs, scored, trainable, frozen_forward=False)
 
 
+def _tokens(trajs, pad_id: int) -> int:
+    from turngym.trainers.sequences import pack_batch
+
+    return int(pack_batch(trajs, pad_id).attention_mask.sum())
+
+
 def measure(args) -> dict:
     """One version's numbers (this process imports the turngym on ``PYTHONPATH``)."""
     import torch
@@ -196,8 +265,27 @@ def measure(args) -> dict:
         res["peak_gflops"]["bf16"] = matmul_peak(torch.bfloat16)
     res["sft"] = measure_sft(args)
     res.update(measure_generation_and_update(args))
+    res["bandwidth_gbps"] = memory_bandwidth()
+    res["block_matmul"] = block_matmul_rates(res)
     res["load_end"] = os.getloadavg()[0]
     return res
+
+
+def block_matmul_rates(res: dict) -> dict:
+    """The model's own matmul GFLOP/s (``block_matmul_gflops``) at the token rows of an average decode
+    forward, prefill forward and clone minibatch of this run, in the dtype each of them computes in."""
+    import torch
+
+    from turngym.agents.default_model import load_default
+    from turngym.agents.packed import native_bf16
+
+    shape = Shape.of(load_default().model.config)
+    dtype = torch.bfloat16 if native_bf16("cpu") else torch.float32
+    g = res["generation"]
+    rows = {"decode": g["decode"]["tokens"] / max(1, g["decode"]["calls"]),
+            "prefill": g["prefill"]["tokens"] / max(1, g["prefill"]["calls"]),
+            "update": res["update"].get("tokens_per_step", 0)}
+    return {k: {"tokens": int(n), "gflops": block_matmul_gflops(shape, int(n), dtype)} for k, n in rows.items() if n >= 1}
 
 
 def _quickstart():
@@ -334,7 +422,7 @@ def measure_generation_and_update(args) -> dict:
     k = int(bcfg.trainable.split(":")[1])
     flops = batch_flops(shape, data, policy.pad_id, k, args.update_epochs, _frozen_prefix_supported())
     update = {"seconds": s, "epochs": args.update_epochs, "episodes": len(data), "gflop": flops / 1e9,
-              "gflops": flops / 1e9 / s}
+              "gflops": flops / 1e9 / s, "tokens_per_step": _tokens(data, policy.pad_id) * bcfg.minibatch_size / len(data)}
     out = {"generation": generation, "update": update}
     if args.profile:  # where the time goes inside: the top operators of an evaluation and of a clone pass
         out["profile"] = {
@@ -395,6 +483,43 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines) + f"\n\n({loads})"
 
 
+def ceiling_rows(r: dict) -> list[tuple[str, str, str]]:
+    """(what, value, detail) rows of one measurement's two ceilings: memory and the model's matmuls."""
+    peak = r["peak_gflops"].get("bf16", r["peak_gflops"]["fp32"])
+    bw, g, mm = r["bandwidth_gbps"], r["generation"], r["block_matmul"]
+    rows = [("memory bandwidth, read (GB/s)", f"{bw:.1f}", "a sum over 1 GiB of fp32")]
+    for k in ("decode", "prefill"):
+        x = g[k]
+        rows += [(f"{k}: bytes read (GB/s, % of bandwidth)", f"{x['gbps']:.1f} ({100 * x['gbps'] / bw:.0f}%)",
+                  "every weight once a forward, plus each row's cached keys and values"),
+                 (f"{k}: memory ceiling (GFLOP/s)",
+                  f"{_memory_ceiling(x['flop_per_byte'] * bw, peak)}, {x['flop_per_byte']:.0f} FLOP/byte",
+                  "FLOP a byte read x the bandwidth")]
+    for k, x in mm.items():
+        rows.append((f"{k}: the model's matmuls at as many rows (GFLOP/s, % of peak)",
+                     f"{x['gflops']:.0f} ({100 * x['gflops'] / peak:.1f}%) at {x['tokens']} rows",
+                     f"one block's 7 projections (F.linear) over an average {k} {'minibatch' if k == 'update' else 'forward'}'s tokens"))
+    return rows
+
+
+def _memory_ceiling(gflops: float, peak: float) -> str:
+    return f"{gflops:.0f} ({gflops / peak:.1f}x the peak: not memory-bound)" if gflops >= peak else \
+        f"{gflops:.0f} ({100 * gflops / peak:.1f}% of peak)"
+
+
+def ceiling_table(results: dict[str, dict]) -> str:
+    """A markdown table of the ceilings, a column per version (runs without them are left out)."""
+    names = [n for n, r in results.items() if "bandwidth_gbps" in r]
+    if not names:
+        return ""
+    per = {n: ceiling_rows(results[n]) for n in names}
+    lines = ["| ceiling | " + " | ".join(names) + " | what |", "|---" * (len(names) + 2) + "|"]
+    for i, (what, _, detail) in enumerate(per[names[-1]]):
+        cells = [per[n][i][1] if i < len(per[n]) and per[n][i][0] == what else "" for n in names]
+        lines.append(f"| {what} | " + " | ".join(cells) + f" | {detail} |")
+    return "\n".join(lines)
+
+
 def child(args) -> None:
     print("ROOFLINE " + json.dumps(measure(args)), flush=True)
 
@@ -434,6 +559,8 @@ def main() -> None:
     # each version's best round: the machine is shared, and other jobs only ever slow a round down
     best = {n: max(rs, key=lambda r: r["generation"]["forward_gflops"]) for n, rs in runs.items()}
     text = table(best)
+    ceilings = ceiling_table(best)
+    text += f"\n\n{ceilings}" if ceilings else ""
     for name, r in best.items():
         for part, ops in r.get("profile", {}).items():
             text += f"\n\n{name}, {part}: " + ", ".join(f"{k} {share:.0%}" for k, share in ops)
