@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 from typing import NamedTuple
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.agents.hf import HFPolicy
+from turngym.agents.kvcache import common_prefix
 from turngym.agents.sampling import decision_position, runner_up_heads
 from turngym.rollout import EpisodeSpec, make_env_factory, rollout
 from turngym.rollout.branching import Tree, branch_points, branch_search, observation_key, tree_rollout, visit_keys
@@ -254,3 +256,45 @@ def test_runner_up_heads_keep_the_prefix_and_skip_tokens_that_make_the_same_repl
     assert heads == [([1, 4], [-0.05, -2.5]), ([1, 5], [-0.05, -3.0])]
     # fewer distinct candidates than k: what there is
     assert runner_up_heads([2], 0, [(2, -0.1), (3, -0.2), (4, -3.0)], [], k=3, surface=surface) == [([4], [-3.0])]
+
+
+def test_a_branch_continues_from_the_cache_its_runner_up_reply_carries(tiny_tokenizer):
+    """The runner-up replies carry their prompt's KV cache; the branch that plays one prefills only
+    what follows it, and plays what it plays when it prefills its whole history again."""
+    model = build_tiny_model(tiny_tokenizer)
+    runs = {}
+    for mb in (0, 1024):
+        policy = HFPolicy(model, tiny_tokenizer, generation_dtype=torch.float32, packed=True, carried_cache_mb=mb)
+        spec, root = _played(policy)
+        alts = policy.alternatives([root.prompt_ids(1)], [root.action_ids(1)], 3, max_new_tokens=6)[0]
+        assert all((u.cache is not None) == (mb > 0) for u in alts)
+        # the tiny model's runner-ups are not guesses (a branch that changes nothing stops at once):
+        # play guesses that carry the runner-ups' cache instead
+        replies = [dataclasses.replace(_reply(policy, g), cache=u.cache) for g, u in zip("158", alts)]
+        before = policy.stats["prefill_tokens"]
+        specs = [EpisodeSpec(spec.task_id, spec.seed, greedy=True, parent=root, replay_turns=1, reply=u, free_turns=1)
+                 for u in replies]
+        played = rollout(policy, make_env_factory(ENV, **TEXT), specs, sampling=SamplingParams(max_new_tokens=6),
+                         progress=False)
+        assert all(len(t.turns) == 3 for t in played)
+        runs[mb] = ([[t.action_ids(k) for k in range(3)] for t in played], policy.stats["prefill_tokens"] - before)
+    assert runs[1024][0] == runs[0][0]  # the same branches, token for token
+    # with the cache, a branch's one policy turn computes only what follows the replayed prompt
+    cached = alts[0].cache.ids
+    assert runs[1024][1] == sum(len(t.prompt_ids(2)) - common_prefix(cached, t.prompt_ids(2)) for t in played)
+    assert runs[1024][1] < runs[0][1]
+
+
+def test_carried_caches_stay_within_their_budget_and_are_released_with_their_replies(tiny_tokenizer):
+    policy = HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32, packed=True)
+    _, root = _played(policy)
+    points = [(root.prompt_ids(k), root.action_ids(k)) for k in range(2)]
+    one = policy.alternatives([points[0][0]], [points[0][1]], 2, max_new_tokens=6)[0][0].cache
+    policy.carried_cache_bytes = sum(t.numel() * t.element_size() for t in one.keys + one.values)  # room for one
+    del one
+    gc.collect()
+    alts = policy.alternatives([p for p, _ in points], [a for _, a in points], 2, max_new_tokens=6)
+    assert [[u.cache is not None for u in row] for row in alts] == [[True, True], [False, False]]
+    del alts
+    gc.collect()
+    assert policy._carried == {}  # released with the replies that held them

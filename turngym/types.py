@@ -230,6 +230,10 @@ class Utterance:
     sit in it and ``record`` is that record (a reference, not a copy). Training uses the recorded ids as they are and never re-tokenizes ``text``. Tool calls
     are not parsed here: the env parses ``text`` with its own format, and that parse is the record
     (``Turn.tool_calls``).
+
+    ``cache`` is engine state a policy may attach to a reply it proposed without playing it (branch
+    search's runner-ups): the keys and values of the prompt it answers. A branch that later plays the
+    reply hands it back (``resume``) and computes only what follows, not its whole history again.
     """
 
     text: str
@@ -238,6 +242,7 @@ class Utterance:
     finish_reason: str = "stop"
     span: tuple[int, int] | None = None
     record: TokenRecord | None = field(default=None, repr=False, compare=False)
+    cache: Any = field(default=None, repr=False, compare=False)
 
     @property
     def prompt_ids(self) -> list[int]:

@@ -17,6 +17,9 @@ The sampling loop is our own (one forward per token over the batch) rather than
 - KV reuse across episodes: episodes of one env start with the same system prompt and tool
   instructions (on TextWorld, 112 of a first prompt's ~220 tokens). The policy prefills the prefix
   that new episodes share once, keeps it (``shared_prefix``), and starts every new episode from it.
+- KV reuse across branches: the runner-up replies ``alternatives`` proposes at an episode's turn carry
+  the cache of that turn's prompt (``Utterance.cache``); the branch that replays the episode up to
+  there and plays one of them starts from it (``resume``) instead of prefilling the history again.
 - packed forwards (``packed.py``, the CPU default): a batch's new tokens run as one unpadded
   sequence, each conversation attending to its own growing cache. The padded batch (``packed=False``,
   the GPU default, where one big kernel beats many small ones) pads rows to the longest. On a CPU
@@ -32,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -105,6 +109,9 @@ class HFPolicy:
             ``torch.dtype``. A trainer sets it to its update's precision.
         draft_tokens: Greedy decoding on the packed engine checks up to this many prompt-lookup
             draft tokens per forward (``lookahead.py``); 0 decodes one token per forward.
+        carried_cache_mb: ``alternatives`` (packed engine) attaches the prompt's KV cache to each
+            runner-up reply (``Utterance.cache``), so the branch that plays it does not prefill its
+            replayed history again; at most this many MB of such caches are alive at once (0 = none).
 
     Raises:
         ValueError: the tokenizer has no usable chat template.
@@ -126,6 +133,7 @@ class HFPolicy:
         packed: bool | None = None,
         generation_dtype: torch.dtype | str = "auto",
         draft_tokens: int = 8,
+        carried_cache_mb: int = 1024,
     ) -> None:
         self.model, self.tokenizer = _load(model_or_path, tokenizer, device, dtype)
         self.model.eval()
@@ -152,6 +160,8 @@ class HFPolicy:
             generation_dtype = torch.bfloat16 if fp32 and native_bf16(self.device) else None
         self.generation_dtype: torch.dtype | None = generation_dtype
         self.draft_tokens = draft_tokens
+        self.carried_cache_bytes = carried_cache_mb * 2**20
+        self._carried: dict[int, int] = {}  # id -> bytes of the caches runner-up replies carry, while alive
         self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "sampled_tokens": 0}
 
     @property
@@ -240,6 +250,24 @@ class HFPolicy:
             out.append(Utterance(text=text, action_ids=list(g.action_ids), logprobs=list(g.logprobs),
                                  finish_reason=g.finish_reason, span=span, record=self.chat.state(conv).record))
         return out
+
+    def resume(self, conv: Conversation, cache: RowCache | SlotCache) -> None:
+        """Start ``conv`` from ``cache`` (a runner-up reply's, ``Utterance.cache``): its next turn
+        reuses the cache up to their common prefix and prefills the rest. The cache is someone else's
+        (its owner is not ``conv``), so it is forked, never extended in place."""
+        if self.reuse_cache and self._usable(cache):
+            conv.state[KV_KEY] = (id(self), cache)
+
+    def _carry(self, cache: SlotCache | None) -> SlotCache | None:
+        """``cache`` when the caches runner-up replies carry, with it, fit ``carried_cache_mb``; else None."""
+        if cache is None or id(cache) in self._carried:
+            return cache
+        size = sum(t.numel() * t.element_size() for t in cache.keys + cache.values)
+        if sum(self._carried.values()) + size > self.carried_cache_bytes:
+            return None
+        self._carried[id(cache)] = size
+        weakref.finalize(cache, self._carried.pop, id(cache), None)  # released with the last reply that holds it
+        return cache
 
     def _cache(self, conv: Conversation) -> RowCache | SlotCache | None:
         held = conv.state.get(KV_KEY)
@@ -492,7 +520,9 @@ class HFPolicy:
             max_new_tokens: Length cap of a whole reply.
 
         Returns:
-            Per row, utterances with exact ids and raw log-probs (the forced token's included), most likely first.
+            Per row, utterances with exact ids and raw log-probs (the forced token's included), most likely
+            first; on the packed engine each carries the KV cache of its prompt (``cache``, see ``resume``)
+            while ``carried_cache_mb`` allows.
         """
         prompts, actions = [list(p) for p in prompts], [list(a) for a in actions]
         bodies = [(a[:-1] if a and a[-1] in self.end_ids else a) or a for a in actions]  # the closing decides nothing
@@ -525,7 +555,7 @@ class HFPolicy:
             ids = h + (g.action_ids if g else [])
             text_ids = ids[:-1] if ids[-1] in self.end_ids else ids
             out[owner[j]].append(Utterance(self.tokenizer.decode(text_ids, skip_special_tokens=False), ids,
-                                           lp + (list(g.logprobs) if g else [])))
+                                           lp + (list(g.logprobs) if g else []), cache=self._carry(caches[owner[j]])))
         return out
 
     def _decision_logprobs(self, prompts: list[list[int]], actions: list[list[int]],

@@ -75,6 +75,8 @@ def replay_utterance(policy: Policy, conv: Conversation, spec: EpisodeSpec, k: i
         text, ids, lps = parent.turns[k].action_text, parent.action_ids(k), parent.action_logprobs(k)
     else:
         text, ids, lps = spec.reply.text, list(spec.reply.action_ids), list(spec.reply.logprobs)
+        if spec.reply.cache is not None and hasattr(policy, "resume"):
+            policy.resume(conv, spec.reply.cache)  # the replayed prompt's keys and values, computed once already
     span = chat.record(conv, ids, lps)
     return Utterance(text, ids, lps, span=span, record=chat.state(conv).record)
 
