@@ -278,9 +278,12 @@ def test_a_branch_continues_from_the_cache_its_runner_up_reply_carries(tiny_toke
                          progress=False)
         assert all(len(t.turns) == 3 for t in played)
         runs[mb] = ([[t.action_ids(k) for k in range(3)] for t in played], policy.stats["prefill_tokens"] - before)
+        cached = alts[0].cache.ids if mb else None
+        del alts, replies, specs
+        gc.collect()
+        assert policy._carried == {}  # the played branches keep none of the carried caches alive
     assert runs[1024][0] == runs[0][0]  # the same branches, token for token
     # with the cache, a branch's one policy turn computes only what follows the replayed prompt
-    cached = alts[0].cache.ids
     assert runs[1024][1] == sum(len(t.prompt_ids(2)) - common_prefix(cached, t.prompt_ids(2)) for t in played)
     assert runs[1024][1] < runs[0][1]
 
