@@ -58,6 +58,9 @@ def main() -> None:
     p.add_argument("--weights", default=str(Path.home() / ".cache" / "turngym" / "roofline_sft.pt"),
                    help="the quickstart's SFT weights (made by benchmarks/roofline.py when missing)")
     p.add_argument("--tmp", default="/tmp/turngym-branch-search")
+    p.add_argument("--fp32", action="store_true",
+                   help="generate in fp32 (slower): bf16 rounds a cache computed in another batch differently, "
+                        "which can flip a greedy near-tie; in fp32 both sides must find the same branches")
     args = p.parse_args()
 
     import torch
@@ -73,6 +76,8 @@ def main() -> None:
     trainer = BranchBCTrainer(policy, cfg.env_id, dataclasses.replace(cfg.branch, expert_replay=0),
                               env_kwargs={**cfg.env_kwargs, "split": cfg.train_split}, out_dir=Path(args.tmp) / "bc")
     trainer.setup()
+    if args.fp32:
+        policy.generation_dtype = None  # the model's own fp32 weights
     roots = screened(trainer)
     print(f"screen: {len(roots)} games, {sum(not t.success for _, t in roots)} failed", flush=True)
     runs: dict[str, list[dict]] = {"without": [], "with": []}
