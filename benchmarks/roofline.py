@@ -222,14 +222,8 @@ def forward_bytes(engine, past: list[int], lens: list[int], kv_dtype) -> int:
     ``kv_dtype``) in every layer."""
     runner = getattr(engine, "runner", engine.model)  # older versions generate from the model itself
     weights = {p.data_ptr(): p.numel() * p.element_size() for p in runner.parameters()}
-    per_token = 2 * len(engine.layers) * engine.n_kv * engine.head_dim * torch_itemsize(kv_dtype)
+    per_token = 2 * len(engine.layers) * engine.n_kv * engine.head_dim * kv_dtype.itemsize
     return sum(weights.values()) + per_token * (sum(past) + sum(lens))
-
-
-def torch_itemsize(dtype) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def batch_flops(shape: Shape, trajs, pad_id: int, trainable: int, epochs: int, cached: bool) -> float:
