@@ -92,7 +92,8 @@ def resolve_engine(name: str, allowed: bool) -> str:
     is ``hf``: there the whole quickstart took as long with vLLM as with HF when vLLM generated
     1.56x faster than HF's fp32 path (2026-11-23), and HF has since gained packed bf16 forwards
     (2.8x on an evaluation) and drafted greedy decoding; on 2026-11-26 the whole quickstart with an
-    in-process bf16 engine took 0.92-1.06x of HF's time (docs/benchmarks.md).
+    in-process bf16 engine took 0.92-1.06x of HF's time, and on 2026-11-27, on a CPU without AMX,
+    1.12x (docs/benchmarks.md).
 
     Raises:
         ValueError: an unknown engine name.
