@@ -1,4 +1,4 @@
-"""The quickstart's held-out evaluation with more or fewer games in flight, in one run.
+"""The quickstart's held-out evaluation with more or fewer games in flight, or draft tokens, in one run.
 
 A wider generation batch feeds every matmul more rows, which is how a GPU gets faster. On a CPU
 whose generation is already compute-bound it may not be: this script plays the same held-out games
@@ -7,8 +7,13 @@ cancel drift) and prints each width's wall time, its ratio to the first width's,
 generated, its success and how many games ended differently (bf16 batches of another width round
 differently, so a few greedy episodes may choose other tokens).
 
+``--draft-tokens`` does the same for the prompt-lookup drafts greedy decoding checks per forward
+(``HFPolicy.draft_tokens``, ``agents/lookahead.py``): each drafted token is a row of the forward
+whether it is kept or not, so on a compute-bound CPU fewer drafts can be faster.
+
     python benchmarks/eval_batch.py --num-envs 32 128            # the quickstart's SFT weights
     python benchmarks/eval_batch.py --num-envs 32 64 128 --rounds 2
+    python benchmarks/eval_batch.py --num-envs 32 --draft-tokens 8 4 2 --rounds 2
 
 Results: docs/benchmarks.md.
 """
@@ -29,19 +34,21 @@ def play(policy, cfg, games: int, num_envs: int) -> dict:
     from turngym.bench.evaluate import evaluate
 
     policy.invalidate_caches()
-    sampled = policy.stats.get("sampled_tokens", 0)
+    before = dict(policy.stats)
     t0 = time.perf_counter()
     res = evaluate(cfg.env_id, policy, episodes=games, seed=10_000, distinct=True, progress=False,
                    env_kwargs={**cfg.env_kwargs, "split": cfg.eval.split}, num_envs=num_envs,
                    sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=0))
     return {"seconds": time.perf_counter() - t0, "success": res.summary["success"],
-            "turns": res.summary["tool_calls"], "tokens": policy.stats.get("sampled_tokens", 0) - sampled,
-            "outcomes": [bool(t.success) for t in res.trajectories]}
+            "turns": res.summary["tool_calls"], "outcomes": [bool(t.success) for t in res.trajectories],
+            **{k: policy.stats.get(k, 0) - before.get(k, 0) for k in ("sampled_tokens", "drafted", "accepted")}}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-envs", type=int, nargs="+", default=[32, 128], help="games in flight, one pass each")
+    p.add_argument("--draft-tokens", type=int, nargs="+", default=None,
+                   help="draft tokens per forward, one pass each (default: the policy's own)")
     p.add_argument("--games", type=int, default=128, help="distinct held-out games per pass")
     p.add_argument("--rounds", type=int, default=1, help="2: the widths again in reverse order")
     p.add_argument("--weights", default=str(Path.home() / ".cache" / "turngym" / "roofline_sft.pt"),
@@ -55,22 +62,27 @@ def main() -> None:
     cfg = _quickstart()
     policy = load_default()
     _sft_weights(args, policy)
-    order = list(args.num_envs)
-    runs: dict[int, list[dict]] = {n: [] for n in order}
+    drafts = args.draft_tokens or [policy.draft_tokens]
+    order = [(n, d) for n in args.num_envs for d in drafts]
+    runs: dict[tuple, list[dict]] = {x: [] for x in order}
     for r in range(args.rounds):
-        for n in order if r % 2 == 0 else order[::-1]:
-            runs[n].append(play(policy, cfg, args.games, n))
-            print(f"round {r + 1}, {n} in flight: {runs[n][-1]['seconds']:.1f} s", flush=True)
+        for n, d in order if r % 2 == 0 else order[::-1]:
+            policy.draft_tokens = d
+            runs[n, d].append(play(policy, cfg, args.games, n))
+            print(f"round {r + 1}, {n} in flight, {d} draft tokens: {runs[n, d][-1]['seconds']:.1f} s", flush=True)
     first = order[0]
     base = sum(x["seconds"] for x in runs[first]) / args.rounds
     print(f"\n{args.games} held-out games, {os.cpu_count()} cores, {args.rounds} round(s)\n")
-    print("| games in flight | seconds (mean) | speed vs the first | tokens generated | success | games ended differently |")
-    print("|---|---|---|---|---|---|")
-    for n in order:
-        seconds = sum(x["seconds"] for x in runs[n]) / args.rounds
-        last = runs[n][-1]
+    print("| games in flight | draft tokens | seconds (mean) | speed vs the first | tokens generated | drafts kept | "
+          "success | games ended differently |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, d in order:
+        seconds = sum(x["seconds"] for x in runs[n, d]) / args.rounds
+        last = runs[n, d][-1]
         differ = sum(a != b for a, b in zip(last["outcomes"], runs[first][-1]["outcomes"]))
-        print(f"| {n} | {seconds:.1f} | {base / seconds:.2f}x | {last['tokens']} | {last['success']:.1%} | {differ} |")
+        kept = f"{last['accepted']} of {last['drafted']}" if last["drafted"] else "-"
+        print(f"| {n} | {d} | {seconds:.1f} | {base / seconds:.2f}x | {last['sampled_tokens']} | {kept} | "
+              f"{last['success']:.1%} | {differ} |")
 
 
 if __name__ == "__main__":

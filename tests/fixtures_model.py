@@ -84,7 +84,7 @@ class EveryGuess(HFPolicy):
     tree rollouts' plumbing, not their ranking (``HFPolicy.alternatives`` itself is tested on the real
     model code in test_branching)."""
 
-    def alternatives(self, prompts, actions, k, stops=(), max_new_tokens=64):
+    def alternatives(self, prompts, actions, k, stops=(), max_new_tokens=64, episode_caches=None):
         end = sorted(self.chat.end_token_ids)[:1]
         replies = [(str(n), self.chat.encode(str(n)) + end) for n in range(1, 9)][:k]
         return [[Utterance(text, ids, [0.0] * len(ids)) for text, ids in replies] for p in prompts]

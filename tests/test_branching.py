@@ -301,3 +301,57 @@ def test_carried_caches_stay_within_their_budget_and_are_released_with_their_rep
     del alts
     gc.collect()
     assert policy._carried == {}  # released with the replies that held them
+
+
+def test_a_failed_keep_cache_episode_scores_its_turns_from_its_own_cache(tiny_tokenizer):
+    """A failed episode played with ``keep_cache`` keeps its conversation's KV cache, trimmed to its
+    tokens; a decision at one of its turns reads it instead of prefilling the turn's history, and
+    finds the same runner-ups (fp32). A success keeps none."""
+    policy = HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32, packed=True)
+    make = make_env_factory(ENV, **TEXT)
+    sampling = SamplingParams(1.0, max_new_tokens=6, seed=1)
+    root = rollout(policy, make, [EpisodeSpec("4", 7, keep_cache=True)], sampling=sampling, progress=False)[0]
+    assert not root.success and root.cache is not None
+    assert root.cache.ids == root.record.ids[: len(root.cache.ids)] and root.cache.capacity == len(root.cache.ids)
+    k = len(root.turns) - 1
+    prompt, action = root.prompt_ids(k), root.action_ids(k)
+    runs = {}
+    for name, kw in (("own cache", {"episode_caches": [root.cache]}), ("shared prefix", {})):
+        before = policy.stats["prefill_tokens"]
+        logp, _ = policy._decision_logprobs([prompt], [action], 6, **kw)
+        runs[name] = logp[0], policy.stats["prefill_tokens"] - before
+        alts = policy.alternatives([prompt], [action], 3, max_new_tokens=6, **kw)[0]
+        runs[name] += ([u.action_ids for u in alts],)
+    torch.testing.assert_close(runs["own cache"][0], runs["shared prefix"][0], atol=1e-4, rtol=1e-4)
+    assert runs["own cache"][2] == runs["shared prefix"][2]
+    assert runs["own cache"][1] == len(action) + 1  # the prompt's last token and the reply: nothing else
+    assert runs["shared prefix"][1] > runs["own cache"][1]
+    won = rollout(_EveryGuess(policy.model, tiny_tokenizer, generation_dtype=torch.float32), make,
+                  [EpisodeSpec("4", 7, greedy=True, parent=root, replay_turns=0, reply=_reply(policy, "4"), keep_cache=True)],
+                  sampling=sampling, progress=False)[0]
+    assert won.success and won.cache is None
+
+
+def test_branch_search_releases_the_kept_caches_and_proposes_what_it_proposes_without_them(tiny_tokenizer):
+    model = build_tiny_model(tiny_tokenizer)
+    make = make_env_factory(ENV, **TEXT)
+    runs = []
+    for keep in (False, True):
+        policy = HFPolicy(model, tiny_tokenizer, generation_dtype=torch.float32, packed=True)
+        proposed = []
+        own = policy.alternatives
+        policy.alternatives = lambda *a, **kw: proposed.append(own(*a, **kw)) or proposed[-1]
+        specs = [EpisodeSpec(t, 7, greedy=True, keep_cache=keep) for t in ("3", "4")]
+        roots = rollout(policy, make, specs, sampling=SamplingParams(0.0, max_new_tokens=6), progress=False)
+        assert all(not r.success and (r.cache is not None) == keep for r in roots)
+        before = policy.stats["prefill_tokens"]
+        found = branch_search(policy, make, list(zip(specs, roots)), points=2, width=2, depth=2, max_new_tokens=6,
+                              by="observation")
+        assert all(t.cache is None for t in roots + found)
+        runs.append(([[u.action_ids for u in row] for call in proposed for row in call],
+                     policy.stats["prefill_tokens"] - before))
+        del roots, found, proposed
+        gc.collect()
+        assert policy._carried == {}  # nothing holds a kept cache once the search is over
+    assert runs[1][0] == runs[0][0] and len(runs[0][0]) == 4  # 2 episodes x 2 branch points, the same runner-ups
+    assert runs[1][1] < runs[0][1]

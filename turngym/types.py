@@ -306,6 +306,11 @@ class Trajectory:
 
     ``outcome`` is the episode-level result (1.0 = solved for binary tasks; a score otherwise).
     ``metadata`` carries env id, seed, task type and anything a report groups by.
+
+    ``cache`` is engine state a policy may leave on a failed episode played with
+    ``EpisodeSpec.keep_cache``: the keys and values of its whole conversation, from which branch
+    search scores the episode's turns instead of prefilling their history again. It is never
+    serialized, and whoever reads it drops it (sets it to None) when done.
     """
 
     task_id: str
@@ -316,6 +321,7 @@ class Trajectory:
     metadata: dict[str, Any] = field(default_factory=dict)
     initial_observation: list[Message] = field(default_factory=list)
     record: TokenRecord | None = None
+    cache: Any = field(default=None, repr=False, compare=False)
 
     def prompt_ids(self, k: int) -> list[int]:
         """The token ids turn ``k``'s action was sampled from ([] without a record)."""

@@ -108,10 +108,15 @@ class HFPolicy:
             natively (``packed.native_bf16``) and the model is fp32, else the model's own dtype; or a
             ``torch.dtype``. A trainer sets it to its update's precision.
         draft_tokens: Greedy decoding on the packed engine checks up to this many prompt-lookup
-            draft tokens per forward (``lookahead.py``); 0 decodes one token per forward.
+            draft tokens per forward (``lookahead.py``); 0 decodes one token per forward. Nearly every
+            kept draft is among a row's first 4, and each drafted token is a row of the forward
+            whether kept or not, so 4 beats 8 where generation is compute-bound (a CPU without
+            AMX: ``benchmarks/eval_batch.py --draft-tokens``).
         carried_cache_mb: ``alternatives`` (packed engine) attaches the prompt's KV cache to each
             runner-up reply (``Utterance.cache``), so the branch that plays it does not prefill its
-            replayed history again; at most this many MB of such caches are alive at once (0 = none).
+            replayed history again; at most this many MB of such caches, and of the ended episodes'
+            ones kept for branch search (``final_cache``), are alive at once (0 = none). The
+            quickstart's search holds about 0.5 GB of episodes and 1 GB of runner-ups' caches.
 
     Raises:
         ValueError: the tokenizer has no usable chat template.
@@ -132,8 +137,8 @@ class HFPolicy:
         share_prefix: bool = True,
         packed: bool | None = None,
         generation_dtype: torch.dtype | str = "auto",
-        draft_tokens: int = 8,
-        carried_cache_mb: int = 1024,
+        draft_tokens: int = 4,
+        carried_cache_mb: int = 2048,
     ) -> None:
         self.model, self.tokenizer = _load(model_or_path, tokenizer, device, dtype)
         self.model.eval()
@@ -268,6 +273,16 @@ class HFPolicy:
         self._carried[id(cache)] = size
         weakref.finalize(cache, self._carried.pop, id(cache), None)  # released with the last reply that holds it
         return cache
+
+    def final_cache(self, conv: Conversation) -> SlotCache | None:
+        """A copy of ``conv``'s KV cache trimmed to its tokens, for an ended episode (``Trajectory.cache``):
+        branch search then scores the episode's turns from it (``alternatives``' ``episode_caches``)
+        instead of prefilling their history again. It shares ``carried_cache_mb`` with the caches
+        runner-up replies carry; None when it does not fit, or on the padded engine."""
+        held = self._cache(conv)
+        if self.packed is None or not isinstance(held, SlotCache) or not held.ids:
+            return None
+        return self._carry(self.packed.fork(held, len(held.ids), len(held.ids), 0))
 
     def _cache(self, conv: Conversation) -> RowCache | SlotCache | None:
         held = conv.state.get(KV_KEY)
@@ -501,7 +516,8 @@ class HFPolicy:
 
     @torch.no_grad()
     def alternatives(self, prompts: Sequence[Sequence[int]], actions: Sequence[Sequence[int]], k: int,
-                     stops: Sequence[str] = (), max_new_tokens: int = 64) -> list[list[Utterance]]:
+                     stops: Sequence[str] = (), max_new_tokens: int = 64,
+                     episode_caches: Sequence[Any] | None = None) -> list[list[Utterance]]:
         """Per recorded reply, up to ``k`` other replies the model itself ranks next.
 
         At the recorded action's least certain token (the lowest top-1 probability, e.g. the
@@ -518,6 +534,9 @@ class HFPolicy:
             k: Alternatives per row.
             stops: Stop strings (the env's tool format), as when sampling.
             max_new_tokens: Length cap of a whole reply.
+            episode_caches: Per row, a KV cache of the episode the reply was recorded in (its
+                ``Trajectory.cache``, or None): the reply is scored from the tokens it holds,
+                and only the rest is prefilled.
 
         Returns:
             Per row, utterances with exact ids and raw log-probs (the forced token's included), most likely
@@ -526,7 +545,7 @@ class HFPolicy:
         """
         prompts, actions = [list(p) for p in prompts], [list(a) for a in actions]
         bodies = [(a[:-1] if a and a[-1] in self.end_ids else a) or a for a in actions]  # the closing decides nothing
-        logps, caches = self._decision_logprobs(prompts, bodies, max_new_tokens)
+        logps, caches = self._decision_logprobs(prompts, bodies, max_new_tokens, episode_caches)
         heads, lps, owner = [], [], []
         for i, (a, logp) in enumerate(zip(actions, logps)):
             if not a or k < 1:
@@ -558,10 +577,11 @@ class HFPolicy:
                                            lp + (list(g.logprobs) if g else []), cache=self._carry(caches[owner[j]])))
         return out
 
-    def _decision_logprobs(self, prompts: list[list[int]], actions: list[list[int]],
-                           room: int) -> tuple[list[torch.Tensor], list[Any]]:
+    def _decision_logprobs(self, prompts: list[list[int]], actions: list[list[int]], room: int,
+                           episode_caches: Sequence[Any] | None = None) -> tuple[list[torch.Tensor], list[Any]]:
         """Per row, ``(len(action), V)`` raw log-probs of the next token at each action position, and
-        a cache holding the prompt and action (the packed engine's, for the runner-ups to fork; else ``None``)."""
+        a cache holding the prompt and action (the packed engine's, for the runner-ups to fork; else ``None``).
+        Each row starts from whichever covers more of its prompt: the shared prefix or its episode's cache."""
         packed = self.packed
         if packed is None:  # one full forward per row, on the model itself
             out = []
@@ -571,8 +591,11 @@ class HFPolicy:
                 out.append(logits.float().log_softmax(-1))
             return out, [None] * len(prompts)
         caches, new = [], []
-        for p, a in zip(prompts, actions):
+        for i, (p, a) in enumerate(zip(prompts, actions)):
             seq, held = p + a, self._prefix_for(p) if self.share_prefix else None
+            own = episode_caches[i] if episode_caches else None
+            if own is not None and self._usable(own) and common_prefix(own.ids, p) > (common_prefix(held.ids, p) if held else 0):
+                held = own
             keep = min(common_prefix(held.ids, p), len(p) - 1) if held is not None else 0
             caches.append(packed.fork(held, keep, len(seq) + room, 0) if held is not None
                           else packed.new_cache(self.epoch, len(seq) + room, 0))

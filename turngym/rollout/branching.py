@@ -111,10 +111,14 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
               for j in branch_points(traj, points, after, by)]
         name = f"{progress if isinstance(progress, str) else 'search'} {level_no + 1}/{depth}"
         alts = _alternatives(policy, at, width, stops, max_new_tokens, f"{name} runner-ups" if progress else None)
+        for _, traj, _, _ in level:
+            traj.cache = None  # its turns are scored: release the episode's KV cache
+        again = level_no + 1 < depth  # a failed branch is branched again: it keeps its cache where its root did
         specs, turns = [], []
         for (spec, traj, j, node), replies in zip(at, alts):
             for alt in replies:  # the branch shares traj's record up to turn j, then plays alt there
-                specs.append(EpisodeSpec(spec.task_id, spec.seed, greedy=True, parent=traj, replay_turns=j, reply=alt))
+                specs.append(EpisodeSpec(spec.task_id, spec.seed, greedy=True, parent=traj, replay_turns=j, reply=alt,
+                                         keep_cache=again and spec.keep_cache))
                 turns.append((j, node))
         if not specs:
             break
@@ -134,13 +138,22 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
 def _alternatives(policy: Policy, at: list, width: int, stops: Sequence[str], max_new_tokens: int,
                   bar_name: str | None, chunk: int = 16) -> list[list]:
     """``policy.alternatives`` at every branch point of ``at``, ``chunk`` points a call, so a bar
-    (``bar_name``) can show the scoring of long prompts move."""
+    (``bar_name``) can show the scoring of long prompts move. An episode's KV cache (``keep_cache``)
+    scores its points and is released after its last one, so the budget it shares with the runner-ups'
+    carried caches goes to them."""
     out: list[list] = []
+    last = {id(t): i for i, (_, t, _, _) in enumerate(at)}
     with bar(len(at), bar_name or "", "point", disable=bar_name is None) as shown, CLOCK.kind("generation"):
         for i in range(0, len(at), chunk):
             part = at[i : i + chunk]
+            held = [t.cache for _, t, _, _ in part]
+            kw = {"episode_caches": held} if any(c is not None for c in held) else {}
             out += policy.alternatives([t.prompt_ids(j) for _, t, j, _ in part], [t.action_ids(j) for _, t, j, _ in part],
-                                       width, stops, max_new_tokens)
+                                       width, stops, max_new_tokens, **kw)
+            del held, kw
+            for _, t, _, _ in part:
+                if last[id(t)] < i + chunk:
+                    t.cache = None
             shown.update(len(part))
     return out
 

@@ -31,6 +31,8 @@ class EpisodeSpec:
     ``replay_turns`` turns exactly as they were recorded (text and token ids, read from its
     ``TokenRecord``), then plays ``reply`` (an alternative reply for the next turn) if one is given,
     then lets the policy play; ``free_turns`` > 0 stops it after that many policy turns (truncated).
+    With ``keep_cache``, an episode that fails keeps its conversation's KV cache on the trajectory
+    (``Trajectory.cache``, where the policy can give one), for branch search to score its turns from.
     The branch's record shares the parent's prefix. The sync rollout plays branches; the env must
     reset deterministically (the contract), and a replay that sees a different observation than the
     recording ends the episode with ``metadata["error"]``.
@@ -43,6 +45,7 @@ class EpisodeSpec:
     replay_turns: int = 0
     reply: Utterance | None = field(default=None, compare=False)
     free_turns: int = 0
+    keep_cache: bool = False
 
     @property
     def prefix_len(self) -> int:
@@ -238,12 +241,15 @@ def moved(traj: Trajectory, j: int) -> bool:
     return before is None or turn.info.get("state_key") != before
 
 
-def end_episode(ep: Live) -> Trajectory:
-    """The finished trajectory, holding the episode's token record (when the policy keeps one)."""
+def end_episode(ep: Live, policy: Policy | None = None) -> Trajectory:
+    """The finished trajectory, holding the episode's token record (when the policy keeps one) and,
+    for a failed ``keep_cache`` episode, the conversation's KV cache (``policy.final_cache``)."""
     ep.traj.metadata["wall_s"] = time.perf_counter() - ep.t0
     record = ep.conv.state.get(RECORD_KEY)
     if isinstance(record, TokenRecord):
         ep.traj.record = record
+    if ep.spec.keep_cache and not ep.traj.success and hasattr(policy, "final_cache"):
+        ep.traj.cache = policy.final_cache(ep.conv)
     return ep.traj
 
 

@@ -107,7 +107,7 @@ def _sync_loop(policy, handles, specs, sampling, progress, metadata) -> list[Tra
                     diverged.append(i)
         freed = [slots[i] for i in diverged]  # a diverged branch ends here; its slot takes the next spec
         for i in diverged[::-1]:
-            finish(live[slots[i]][0], end_episode(live.pop(slots[i])[1]))
+            finish(live[slots[i]][0], end_episode(live.pop(slots[i])[1], policy))
             del slots[i], utts[i]
         # greedy episodes (EpisodeSpec.greedy) and sampled ones answer in one act call each
         for params, want in ((sampling, False), (greedy, True)):
@@ -123,7 +123,7 @@ def _sync_loop(policy, handles, specs, sampling, progress, metadata) -> list[Tra
             idx, ep = live[s]
             turn = make_turn(utt)
             if apply_step(ep, utt, turn, result) or branch_over(ep):
-                finish(idx, end_episode(ep))
+                finish(idx, end_episode(ep, policy))
                 del live[s]
                 freed.append(s)
         _fill(handles, freed, queue, live, env_desc, metadata, finish, bar)

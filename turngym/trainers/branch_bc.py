@@ -182,8 +182,10 @@ class BranchBCTrainer(IterativeTrainer):
     def step(self) -> dict[str, float]:
         """One iteration: screen, search, remember, clone. Returns its metrics."""
         cfg = self.cfg
-        # 1. screen: one greedy episode per task (reset seeds fixed per task, so a replay is exact)
-        specs = [EpisodeSpec(t, run_seed(cfg.seed, self.task_ids.index(t)), greedy=True) for t in self.pick_tasks()]
+        # 1. screen: one greedy episode per task (reset seeds fixed per task, so a replay is exact); a
+        # failed one keeps its KV cache, from which the search scores its turns without prefilling them
+        specs = [EpisodeSpec(t, run_seed(cfg.seed, self.task_ids.index(t)), greedy=True, keep_cache=True)
+                 for t in self.pick_tasks()]
         greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=run_seed(cfg.seed, self.iteration))
         with CLOCK.stage("screen"):
             roots, metrics = self.collector.collect(self.env, specs, greedy, num_envs=cfg.num_envs, version=self.iteration,
