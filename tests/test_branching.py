@@ -215,6 +215,10 @@ def test_branch_bc_remembers_what_the_search_found_trains_and_resumes_exactly(ti
     nxt = resumed.step()
     for key in ("rollout/success", "rollout/env_steps", "memory/tasks", "actor/pg_loss"):
         assert nxt[key] == pytest.approx(rows[1][key], rel=1e-5, abs=1e-6), key
+    # the fit calls back after each epoch, in eval mode (scripts/clone_epochs.py evaluates there)
+    seen = []
+    resumed.clone(list(resumed.memory.values()), on_epoch=lambda e: seen.append((e, resumed.model.training)))
+    assert seen == [(e, False) for e in range(1, resumed.cfg.actor_epochs + 1)] and not resumed.model.training
 
 
 def test_branch_bc_config_is_validated():

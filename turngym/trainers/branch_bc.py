@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -221,8 +221,9 @@ class BranchBCTrainer(IterativeTrainer):
             metrics["actor/episodes"] = float(len(data))
         return self.finish_step(metrics)
 
-    def clone(self, data: list[Trajectory]) -> dict[str, float]:
-        """``actor_epochs`` shuffled passes of the likelihood update over ``data``'s valid turns."""
+    def clone(self, data: list[Trajectory], on_epoch: Callable[[int], None] | None = None) -> dict[str, float]:
+        """``actor_epochs`` shuffled passes of the likelihood update over ``data``'s valid turns;
+        ``on_epoch(epoch)`` after each (1-based), with the model in eval mode (an evaluation may run)."""
         cfg = self.cfg
         batch = pack_batch(data, self.policy.pad_id)
         valid = torch.tensor([float(action_status(data[ti].turns[k]) == "valid") for ti, k in batch.turn_refs])
@@ -236,7 +237,7 @@ class BranchBCTrainer(IterativeTrainer):
         self.model.train()
         sums: dict[str, float] = {}
         steps = 0
-        for _ in range(cfg.actor_epochs):
+        for epoch in range(cfg.actor_epochs):
             order = torch.randperm(rows, generator=self.gen).tolist()
             for i in range(0, rows, cfg.minibatch_size):
                 step_rows = sorted(order[i : i + cfg.minibatch_size])
@@ -251,6 +252,10 @@ class BranchBCTrainer(IterativeTrainer):
                     sums[k] = sums.get(k, 0.0) + v
                 steps += 1
                 fit_bar.update(1)
+            if on_epoch is not None:
+                self.model.eval()
+                on_epoch(epoch + 1)
+                self.model.train()
         fit_bar.close()
         self.model.eval()
         # the NLL keeps the name the online trainers give their update's loss, so curves compare
