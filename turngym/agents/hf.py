@@ -594,8 +594,8 @@ class HFPolicy:
         for i, (p, a) in enumerate(zip(prompts, actions)):
             seq, held = p + a, self._prefix_for(p) if self.share_prefix else None
             own = episode_caches[i] if episode_caches else None
-            if own is not None and self._usable(own) and common_prefix(own.ids, p) > (common_prefix(held.ids, p) if held else 0):
-                held = own
+            if own is not None and self._usable(own):
+                held = max((c for c in (held, own) if c is not None), key=lambda c: common_prefix(c.ids, p))
             keep = min(common_prefix(held.ids, p), len(p) - 1) if held is not None else 0
             caches.append(packed.fork(held, keep, len(seq) + room, 0) if held is not None
                           else packed.new_cache(self.epoch, len(seq) + room, 0))
