@@ -53,7 +53,7 @@ def search(trainer, roots: list, kept: dict, carried_mb: int, episodes: bool) ->
     episodes' own caches (``kept``) where ``episodes``. Seconds, tokens, branches."""
     cfg, policy = trainer.cfg, trainer.policy
     policy.carried_cache_bytes = carried_mb * 2**20
-    for spec, t in roots:  # the search releases an episode's cache once it is scored: hand it back
+    for _, t in roots:  # the search releases an episode's cache once it is scored: hand it back
         t.cache = kept.get(id(t)) if episodes else None
     roots = [(dataclasses.replace(s, keep_cache=episodes), t) for s, t in roots]
     before = dict(policy.stats)

@@ -1,7 +1,7 @@
 """How many clone epochs branch BC needs: held-out success after each epoch of one fit.
 
-From a finished ``turngym train`` run (branch BC, the quickstart's config unless ``--config``), this
-loads the SFT weights and what the search remembered (``branch_bc/checkpoint``), fits the clones
+From a finished ``turngym train`` run of branch BC (its own ``config.json``, with ``--set``
+overrides), this loads the SFT weights and what the search remembered (``branch_bc/checkpoint``), fits the clones
 again as the run did (``BranchBCTrainer.clone``: the same minibatch order, the same optimizer) and,
 after each epoch named in ``--eval``, plays the run's 128 held-out games greedily. The last epoch
 reproduces the run's own final evaluation. One seed, one fit: a diagnostic for choosing
@@ -30,7 +30,7 @@ def main() -> None:
     p.add_argument("run", help="a finished turngym train output folder (branch_bc)")
     p.add_argument("--eval", type=int, nargs="+", default=[2, 4, 6, 8], help="epochs after which to evaluate")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides (branch.*)")
-    p.add_argument("--out", default=None, help="where the evaluations go (default: <run>/clone_epochs)")
+    p.add_argument("--out", default=None, help="where the evaluations' episodes go (default: <run>/clone_epochs)")
     args = p.parse_args()
 
     from turngym.config import apply_overrides, from_dict

@@ -112,7 +112,7 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
         name = f"{progress if isinstance(progress, str) else 'search'} {level_no + 1}/{depth}"
         alts = _alternatives(policy, at, width, stops, max_new_tokens, f"{name} runner-ups" if progress else None)
         for _, traj, _, _ in level:
-            traj.cache = None  # its turns are scored: release the episode's KV cache
+            traj.cache = None  # also the episodes with no branch point left: nothing scores from them now
         again = level_no + 1 < depth  # a failed branch is branched again: it keeps its cache where its root did
         specs, turns = [], []
         for (spec, traj, j, node), replies in zip(at, alts):
