@@ -109,9 +109,10 @@ class HFPolicy:
             ``torch.dtype``. A trainer sets it to its update's precision.
         draft_tokens: Greedy decoding on the packed engine checks up to this many prompt-lookup
             draft tokens per forward (``lookahead.py``); 0 decodes one token per forward. Nearly every
-            kept draft is among a row's first 4, and each drafted token is a row of the forward
-            whether kept or not, so 4 beats 8 where generation is compute-bound (a CPU without
-            AMX: ``benchmarks/eval_batch.py --draft-tokens``).
+            kept draft is among a row's first 3 (a TextWorld evaluation kept the same 2,078 drafts
+            with 3, 4 and 8 a forward), and each drafted token is a row of the forward whether kept
+            or not, so 3 beats 8 where generation is compute-bound (a CPU without AMX:
+            ``benchmarks/eval_batch.py --draft-tokens``).
         carried_cache_mb: ``alternatives`` (packed engine) attaches the prompt's KV cache to each
             runner-up reply (``Utterance.cache``), so the branch that plays it does not prefill its
             replayed history again; at most this many MB of such caches, and of the ended episodes'
@@ -137,7 +138,7 @@ class HFPolicy:
         share_prefix: bool = True,
         packed: bool | None = None,
         generation_dtype: torch.dtype | str = "auto",
-        draft_tokens: int = 4,
+        draft_tokens: int = 3,
         carried_cache_mb: int = 2048,
     ) -> None:
         self.model, self.tokenizer = _load(model_or_path, tokenizer, device, dtype)

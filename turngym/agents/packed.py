@@ -28,6 +28,8 @@ own forward (``old_logprobs: auto`` rescores when generation and update precisio
 from __future__ import annotations
 
 import copy
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +37,11 @@ import torch
 import torch.nn.functional as F
 
 PROBE_TOLERANCE = 1e-3  # max |logit difference| between the packed loop and the model's forward (fp32: ~1e-5)
+# Row groups (``PackedLM.row_groups``): a row's fixed cost, in new tokens (its ~90 small calls a
+# forward), and how much heavier than an even share the heaviest group may be before one forward
+# on all threads is the better choice (one long prefill beside a few short rows).
+ROW_OVERHEAD_TOKENS = 8
+MAX_GROUP_SHARE = 1.5
 
 
 @dataclass
@@ -116,6 +123,7 @@ class PackedLM:
         self.shape = attention_shape(model.config)
         self.n_heads, self.n_kv, self.head_dim = self.shape
         self.layers = list(self.base.layers)
+        self.split_rows = True  # run a batch's rows as one group per thread on a CPU (``row_groups``)
 
     @classmethod
     def build(cls, model: Any, dtype: torch.dtype | None = None) -> "PackedLM | None":
@@ -206,9 +214,14 @@ class PackedLM:
                 buf[i] = new
 
     # ----- the forward ----------------------------------------------------------------------
-    @torch.no_grad()
     def forward(self, caches: list[SlotCache], new: list[list[int]], tail: list[int] | None = None) -> torch.Tensor:
         """Run each row's ``new`` tokens after its cached ones; append them to the caches.
+
+        On a CPU with several threads, a batch of several rows runs as row groups, one group per
+        thread, each on one OpenMP thread (``row_groups``): the rows never interact, and a forward
+        of many short rows is mostly small per-row operations (attention against each row's own
+        cache, about 1,000 calls a forward) whose fork and join across threads cost more than their
+        arithmetic. ``benchmarks/row_groups.py`` measures it against one forward on all threads.
 
         Args:
             caches: One cache per row, each appended to in place (callers fork shared ones first).
@@ -221,6 +234,41 @@ class PackedLM:
         lens = [len(x) for x in new]
         if min(lens) < 1:
             raise ValueError("every row needs at least one new token")
+        tail = tail or [1] * len(new)
+        groups = self.row_groups(lens, caches[0].keys[0].device)
+        if len(groups) < 2:
+            return self._forward_rows(caches, new, tail)
+        pool = single_thread_pool(len(groups))
+        futures = [pool.submit(self._forward_rows, [caches[i] for i in g], [new[i] for i in g], [tail[i] for i in g])
+                   for g in groups]
+        outs = [f.result() for f in futures]
+        pieces: list[torch.Tensor | None] = [None] * len(new)
+        for g, out in zip(groups, outs):
+            for i, part in zip(g, out.split([tail[i] for i in g])):
+                pieces[i] = part
+        return torch.cat(pieces)  # type: ignore[arg-type]
+
+    def row_groups(self, lens: list[int], device: torch.device) -> list[list[int]]:
+        """How ``forward`` splits a batch of rows with ``lens`` new tokens: one group (all rows) on a
+        GPU, with one thread, or when one row outweighs the rest; else a group per thread, balanced
+        by new tokens plus a per-row overhead (rows keep their order within a group)."""
+        threads = torch.get_num_threads() if self.split_rows and device.type == "cpu" else 1
+        k = min(threads, len(lens))
+        if k < 2:
+            return [list(range(len(lens)))]
+        cost = [n + ROW_OVERHEAD_TOKENS for n in lens]
+        loads, groups = [0] * k, [[] for _ in range(k)]
+        for i in sorted(range(len(lens)), key=lambda i: -cost[i]):  # the largest first, to the lightest group
+            j = loads.index(min(loads))
+            loads[j] += cost[i]
+            groups[j].append(i)
+        if max(loads) > MAX_GROUP_SHARE * sum(loads) / k:
+            return [list(range(len(lens)))]
+        return [sorted(g) for g in groups if g]
+
+    @torch.no_grad()
+    def _forward_rows(self, caches: list[SlotCache], new: list[list[int]], tail: list[int]) -> torch.Tensor:
+        lens = [len(x) for x in new]
         past = [len(c.ids) for c in caches]
         for c, p, n in zip(caches, past, lens):
             self._reserve(c, p + n)
@@ -250,6 +298,33 @@ class PackedLM:
             h = block_forward(layer, h, cos, sin, self.shape, attend)
         for c, x in zip(caches, new):
             c.ids.extend(x)
-        tail = tail or [1] * len(new)
         last = self.base.norm(h[0, [i for e, t in zip(ends, tail) for i in range(e - min(t, e), e)]])
         return self.runner.lm_head(last).float()
+
+
+_ROW_POOLS: dict[int, ThreadPoolExecutor] = {}
+_ROW_POOLS_LOCK = threading.Lock()
+
+
+def single_thread_pool(n: int) -> ThreadPoolExecutor:
+    """``n`` worker threads that each compute on one OpenMP thread (made once per process)."""
+    with _ROW_POOLS_LOCK:
+        if n not in _ROW_POOLS:
+            threads = torch.get_num_threads()
+            pool = ThreadPoolExecutor(n, thread_name_prefix="packed-rows")
+            ready = threading.Barrier(n)  # every worker runs the initializer once
+
+            def one_thread() -> None:
+                torch.set_num_threads(1)
+                # a thread takes its count on its first parallel call, from the process-wide
+                # setting, which is 1 only until the line below it resets: take it now
+                if torch.get_num_threads() != 1:
+                    raise RuntimeError("could not give a row-group worker one OpenMP thread")
+                ready.wait()
+
+            for f in [pool.submit(one_thread) for _ in range(n)]:
+                f.result()
+            # set_num_threads also sets the count threads started later begin with: restore it
+            torch.set_num_threads(threads)
+            _ROW_POOLS[n] = pool
+        return _ROW_POOLS[n]
