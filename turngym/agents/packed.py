@@ -28,6 +28,7 @@ own forward (``old_logprobs: auto`` rescores when generation and update precisio
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -302,14 +303,15 @@ class PackedLM:
         return self.runner.lm_head(last).float()
 
 
-_ROW_POOLS: dict[int, ThreadPoolExecutor] = {}
+_ROW_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}  # by (process, workers): a forked child makes its own
 _ROW_POOLS_LOCK = threading.Lock()
 
 
 def single_thread_pool(n: int) -> ThreadPoolExecutor:
     """``n`` worker threads that each compute on one OpenMP thread (made once per process)."""
+    key = (os.getpid(), n)
     with _ROW_POOLS_LOCK:
-        if n not in _ROW_POOLS:
+        if key not in _ROW_POOLS:
             threads = torch.get_num_threads()
             pool = ThreadPoolExecutor(n, thread_name_prefix="packed-rows")
             ready = threading.Barrier(n)  # every worker runs the initializer once
@@ -326,5 +328,5 @@ def single_thread_pool(n: int) -> ThreadPoolExecutor:
                 f.result()
             # set_num_threads also sets the count threads started later begin with: restore it
             torch.set_num_threads(threads)
-            _ROW_POOLS[n] = pool
-        return _ROW_POOLS[n]
+            _ROW_POOLS[key] = pool
+        return _ROW_POOLS[key]

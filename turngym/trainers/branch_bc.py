@@ -213,8 +213,9 @@ class BranchBCTrainer(IterativeTrainer):
             if t.success and better(self.memory.get(t.task_id), t):
                 self.memory[t.task_id] = t
         metrics["memory/tasks"] = float(len(self.memory))
-        # 4. clone the remembered episodes and the demonstrations (weight 1 on valid turns)
-        data = list(self.memory.values()) + self.experts
+        # 4. clone the remembered episodes and the demonstrations (weight 1 on valid turns), in task
+        # order: the minibatches must not depend on which branch the search happened to finish first
+        data = [self.memory[k] for k in sorted(self.memory)] + self.experts
         if data:
             with CLOCK.stage("fit"):
                 metrics.update(self.clone(data))
