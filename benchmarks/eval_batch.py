@@ -44,24 +44,33 @@ def play(policy, cfg, games: int, num_envs: int) -> dict:
             **{k: policy.stats.get(k, 0) - before.get(k, 0) for k in ("sampled_tokens", "drafted", "accepted")}}
 
 
+def held_out_args(p: argparse.ArgumentParser, rounds: int, rounds_help: str) -> None:
+    """The options of a benchmark that plays the held-out games: how many, how many rounds, which weights."""
+    p.add_argument("--games", type=int, default=128, help="distinct held-out games per pass")
+    p.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
+    p.add_argument("--weights", default=str(Path.home() / ".cache" / "turngym" / "roofline_sft.pt"),
+                   help="the SFT weights to play (made by a full SFT stage when missing, as roofline.py does)")
+
+
+def sft_policy(args) -> tuple:
+    """The quickstart's config and the default policy with its SFT weights (``args.weights``)."""
+    from roofline import _quickstart, _sft_weights
+
+    from turngym.agents.default_model import load_default
+
+    policy = load_default()
+    _sft_weights(args, policy)
+    return _quickstart(), policy
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-envs", type=int, nargs="+", default=[32, 128], help="games in flight, one pass each")
     p.add_argument("--draft-tokens", type=int, nargs="+", default=None,
                    help="draft tokens per forward, one pass each (default: the policy's own)")
-    p.add_argument("--games", type=int, default=128, help="distinct held-out games per pass")
-    p.add_argument("--rounds", type=int, default=1, help="2: the widths again in reverse order")
-    p.add_argument("--weights", default=str(Path.home() / ".cache" / "turngym" / "roofline_sft.pt"),
-                   help="the SFT weights to play (made by a full SFT stage when missing, as roofline.py does)")
+    held_out_args(p, rounds=1, rounds_help="2: the widths again in reverse order")
     args = p.parse_args()
-
-    from roofline import _quickstart, _sft_weights
-
-    from turngym.agents.default_model import load_default
-
-    cfg = _quickstart()
-    policy = load_default()
-    _sft_weights(args, policy)
+    cfg, policy = sft_policy(args)
     drafts = args.draft_tokens or [policy.draft_tokens]
     order = [(n, d) for n in args.num_envs for d in drafts]
     runs: dict[tuple, list[dict]] = {x: [] for x in order}

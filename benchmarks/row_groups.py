@@ -19,29 +19,21 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
+
+from eval_batch import held_out_args, play, sft_policy
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads must not spin on a shared machine
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--games", type=int, default=128, help="distinct held-out games per pass")
-    p.add_argument("--rounds", type=int, default=2, help="2: both ways again in the opposite order")
+    held_out_args(p, rounds=2, rounds_help="2: both ways again in the opposite order")
     p.add_argument("--num-envs", type=int, default=32, help="games in flight (the quickstart's eval.num_envs)")
-    p.add_argument("--weights", default=str(Path.home() / ".cache" / "turngym" / "roofline_sft.pt"),
-                   help="the SFT weights to play (made by a full SFT stage when missing, as roofline.py does)")
     args = p.parse_args()
 
     import torch
-    from eval_batch import play
-    from roofline import _quickstart, _sft_weights
 
-    from turngym.agents.default_model import load_default
-
-    cfg = _quickstart()
-    policy = load_default()
-    _sft_weights(args, policy)
+    cfg, policy = sft_policy(args)
     ways = {"one forward": False, "row groups": True}
     runs: dict[str, list[dict]] = {w: [] for w in ways}
     order = list(ways)
