@@ -55,7 +55,7 @@ def main() -> None:
                                   out_dir=out / "branch_bc", collector=collector)
         trainer.setup()
         trainer.memory = {k: Trajectory.from_dict(d) for k, d in state["memory"].items()}
-        data = [trainer.memory[k] for k in sorted(trainer.memory)] + trainer.experts
+        data = trainer.clone_data()
         print(f"{len(trainer.memory)} remembered episodes + {len(trainer.experts)} demonstrations, "
               f"{cfg.branch.actor_epochs} epochs", flush=True)
         clock = [time.perf_counter()]

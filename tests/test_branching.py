@@ -204,6 +204,11 @@ def test_branch_bc_remembers_what_the_search_found_trains_and_resumes_exactly(ti
     assert len(rows) == 2 and all("actor/pg_loss" in r and "search/solved_rate" in r for r in rows)
     assert rows[0]["memory/tasks"] == rows[0]["search/solved_tasks"] > 0
     assert all(t.success for t in full.memory.values())
+    # the fit clones in task order, whichever order the search finished the tasks in
+    shuffled = dict(reversed(list(full.memory.items())))
+    assert len(shuffled) > 1 and list(shuffled) != sorted(shuffled)
+    full.memory = shuffled
+    assert [t.task_id for t in full.clone_data()] == sorted(shuffled) + [t.task_id for t in full.experts]
     assert any(not torch.equal(before[n], p) for n, p in full.model.named_parameters() if n in before)
     # killed after iteration 1: the checkpoint brings back the memory and reproduces iteration 2
     short = BranchBCTrainer(make(), ENV, _cfg(iterations=1), env_kwargs=TEXT, out_dir=tmp_path / "killed")

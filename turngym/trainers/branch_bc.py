@@ -213,14 +213,18 @@ class BranchBCTrainer(IterativeTrainer):
             if t.success and better(self.memory.get(t.task_id), t):
                 self.memory[t.task_id] = t
         metrics["memory/tasks"] = float(len(self.memory))
-        # 4. clone the remembered episodes and the demonstrations (weight 1 on valid turns), in task
-        # order: the minibatches must not depend on which branch the search happened to finish first
-        data = [self.memory[k] for k in sorted(self.memory)] + self.experts
+        # 4. clone the remembered episodes and the demonstrations (weight 1 on valid turns)
+        data = self.clone_data()
         if data:
             with CLOCK.stage("fit"):
                 metrics.update(self.clone(data))
             metrics["actor/episodes"] = float(len(data))
         return self.finish_step(metrics)
+
+    def clone_data(self) -> list[Trajectory]:
+        """What a fit clones: the remembered episodes in task order (the minibatches must not depend
+        on which branch the search happened to finish first), then the demonstrations."""
+        return [self.memory[k] for k in sorted(self.memory)] + self.experts
 
     def clone(self, data: list[Trajectory], on_epoch: Callable[[int], None] | None = None) -> dict[str, float]:
         """``actor_epochs`` shuffled passes of the likelihood update over ``data``'s valid turns;
