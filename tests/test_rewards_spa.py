@@ -10,7 +10,7 @@ import torch
 
 from turngym.rewards import make_reward
 from turngym.rewards.encoders import HashedNgramEncoder, StepInput, step_inputs
-from turngym.rewards.progress import ProgressReward, SPAConfig, spa_step_rewards, sum_matching_loss
+from turngym.rewards.progress import ProgressHead, ProgressReward, SPAConfig, spa_step_rewards, sum_matching_loss
 from turngym.types import Message, Trajectory, Turn
 
 ACTIONS = ["look", "go north", "take key", "open chest", "inventory", "go south"]
@@ -108,6 +108,69 @@ def test_grounding_bonus_only_on_valid_actions():
     spa = ProgressReward(online=False, bonus=0.25, dim=64)  # untrained: every contribution is exactly 0
     assert spa([t]) == [[0.25, 0.0, 0.0, 0.25]]
     assert spa.stats["reward/spa_grounded_frac"] == 0.5
+
+
+def test_head_standardizes_features_by_hand():
+    head = ProgressHead(dim=2, hidden=3)
+    feats = torch.tensor([[1.0, 2.0], [3.0, 2.0]])
+    head.standardize_on(feats)
+    # column 0: mean 2, population std 1; column 1 is constant, so its scale stays 1
+    torch.testing.assert_close(head.shift, torch.tensor([2.0, 2.0]))
+    torch.testing.assert_close(head.scale, torch.tensor([1.0, 1.0]))
+    head.standardize_on(torch.tensor([[0.0, 10.0], [4.0, 30.0]]))
+    torch.testing.assert_close(head.shift, torch.tensor([2.0, 20.0]))
+    torch.testing.assert_close(head.scale, torch.tensor([2.0, 10.0]))
+
+
+class _FixedFeatures:
+    """An encoder whose step features are given: a small signal column and a huge noise column."""
+
+    dim = 2
+
+    def __init__(self, feats: dict[int, torch.Tensor]) -> None:
+        self.feats = feats
+
+    def encode_trajectory(self, traj: Trajectory) -> torch.Tensor:
+        return self.feats[id(traj)]
+
+
+def test_standardized_features_fit_a_small_signal_beside_a_huge_dimension():
+    """One dimension is a large common part (500-1000 on every turn), the other a small signal:
+    raw, the large part saturates the tanh layer and the sum cannot follow the outcome;
+    standardized, the estimator fits it."""
+    rng = torch.Generator().manual_seed(0)
+    trajs, feats = [], {}
+    for i in range(64):
+        won = i % 2 == 0
+        t = Trajectory("t", turns=[Turn(action_text="go", info={"action_valid": True}) for _ in range(3)],
+                       outcome=float(won))
+        signal = torch.full((3, 1), 0.01 if won else -0.01)
+        noise = 500.0 * (1 + torch.rand(3, 1, generator=rng))
+        feats[id(t)] = torch.cat([signal, noise], dim=1)
+        trajs.append(t)
+    errors = {}
+    for standardize in (False, True):
+        spa = ProgressReward(encoder=_FixedFeatures(feats), online=False, bonus=0.0, hidden=8, standardize=standardize)
+        errors[standardize] = spa.fit(trajs, updates=300)["sum_abs_err"]
+        assert spa.standardized == standardize
+    assert errors[True] < 0.1 < 0.4 < errors[False]  # the base rate (0.5 for all) errs by 0.5
+
+
+def test_a_standardized_head_round_trips_and_an_older_state_loads_as_identity():
+    trajs = _toy_set(16, seed=3)
+    spa = ProgressReward(online=False, bonus=0.0, dim=128, history_turns=0)
+    spa.fit(trajs, updates=10)
+    assert spa.standardized and float(spa.head.scale.min()) > 0
+    clone = ProgressReward(online=False, bonus=0.0, dim=128, history_turns=0)
+    clone.load_state_dict(spa.state_dict())
+    assert clone.standardized and clone.contributions(trajs) == spa.contributions(trajs)
+    old = spa.state_dict()
+    old["head"] = {k: v for k, v in old["head"].items() if k not in ("shift", "scale")}
+    del old["standardized"]
+    clone.load_state_dict(old)
+    assert not clone.standardized
+    torch.testing.assert_close(clone.head.shift, torch.zeros(128))
+    torch.testing.assert_close(clone.head.scale, torch.ones(128))
 
 
 def test_online_mode_trains_on_each_batch_and_checkpoints():
