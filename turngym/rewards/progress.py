@@ -21,6 +21,12 @@ the first batch it is called with (a tree rollout's exploration episodes) trains
 and it is frozen from then on. ``encoder="policy"`` reads the SFT'd policy's own hidden states
 (``PolicyEncoder``; the trainer binds its reference model through ``bind_policy``).
 
+The head standardizes its features over the first set it trains on (``standardize``): the
+policy's hidden states share a large common part, and unscaled, the summed credit tended to grow
+with the episode's length. Sum matching alone can still be solved by length where failed episodes
+are the long ones; ``scripts/spa_probe.py`` measures whether the credit tells a step of a won
+episode from one of a lost episode at the same turn.
+
 ``state_dict`` / ``load_state_dict`` hold the head, its optimizer, the buffer and the sampling
 RNG, so a trainer can checkpoint the estimator with its own state.
 """
