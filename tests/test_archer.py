@@ -532,6 +532,44 @@ def test_a_closed_gate_stops_the_sibling_targets_not_self_imitation(tiny_tokeniz
     assert row["actor/sil_turns"] >= 1 and "actor/pg_loss" in row
 
 
+def test_clone_wins_keeps_each_tasks_best_branch_success_and_clones_it_with_a_closed_gate(tiny_tokenizer, tmp_path,
+                                                                                          monkeypatch):
+    # branch BC's update inside ArCHer: the search's best success per task, weight 1 on its valid
+    # turns, trained even while the critic's gate is closed (no critic reaches 1.0)
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, clone_wins=True, critic_gate=1.0)
+    trainer.setup()
+    seen, collect = {}, trainer._collect_tree
+
+    def spy():
+        seen["tree"], metrics = collect()
+        return seen["tree"], metrics
+
+    monkeypatch.setattr(trainer, "_collect_tree", spy)
+    row = trainer.step()
+    tree = seen["tree"]
+    won = {}
+    for ep, parent in zip(tree.episodes, tree.parent):
+        if parent >= 0 and ep.success:
+            won.setdefault(ep.task_id, []).append(ep)
+    assert won, "the tiny policy's search should find a success"
+    assert set(trainer.best) == set(won)
+    for task, eps in won.items():  # the highest return, then the fewest turns
+        best = max(eps, key=lambda e: (e.total_reward, -len(e.turns)))
+        assert (trainer.best[task].total_reward, len(trainer.best[task].turns)) == (best.total_reward, len(best.turns))
+    assert row["actor/active"] == 0.0 and row["actor/states"] == 0
+    assert row["actor/clone_episodes"] == len(won) and "actor/pg_loss" in row
+    clones, weights = trainer._clone_rows()
+    assert [c.task_id for c in clones] == sorted(won)
+    assert len(weights) == sum(len(c.turns) for c in clones) and set(weights) <= {0.0, 1.0}
+    # the clones survive a checkpoint
+    twin = _tree_trainer(tiny_tokenizer, tmp_path / "twin", clone_wins=True)
+    twin.setup()
+    twin._load_extra_state(trainer._extra_state())
+    assert {k: v.to_dict() for k, v in twin.best.items()} == {k: v.to_dict() for k, v in trainer.best.items()}
+    with pytest.raises(ValueError, match="clone_wins"):
+        _tree_cfg(clone_wins=True, actor_loss="ppo")
+
+
 def test_self_imitation_is_off_by_default_and_needs_awr(tiny_tokenizer, tmp_path):
     trainer = _tree_trainer(tiny_tokenizer, tmp_path)
     trainer.setup()

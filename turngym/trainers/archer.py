@@ -96,12 +96,14 @@ import torch
 
 from turngym.config import knob
 from turngym.rewards import reward_stats
+from turngym.rewards.format import action_status
 from turngym.rollout import EpisodeSpec, env_info
 from turngym.rollout.branching import BRANCH_BY, Tree
 from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.archer_critic import ReplayBuffer, UtteranceCritic, ValueHead, make_target, soft_update  # noqa: F401
+from turngym.trainers.branch_bc import better
 from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.registry import Algorithm, register_algorithm
@@ -142,6 +144,9 @@ class ArcherConfig(OnlineConfig):
     self_imitation: float = knob(0.0, "awr: the actor also clones its own turns whose episode earned more after them than "
                                       "the critic's V(s) (self-imitation, Oh et al. 2018), each weighted by this x "
                                       "(R - V(s))+; the turns of earlier iterations are kept (actor_memory of them); 0 = off")
+    clone_wins: bool = knob(False, "awr: the actor also clones, at weight 1 on valid turns, each training task's best "
+                                   "success the search found (highest return, then fewest turns; kept across "
+                                   "iterations): branch BC's update, so the critic's AWR is measured as an addition to it")
     expert_replay: int = knob(0, "the oracle's episodes on N training tasks (the SFT stage's demonstrations) join every "
                                  "actor update with weight 1; 0 = off")
     critic_holdout: float = knob(0.125, "share of the training tasks whose turns the critic never trains on: their "
@@ -212,6 +217,8 @@ class ArcherConfig(OnlineConfig):
             raise ValueError(f"expert_replay must be >= 0, got {self.expert_replay}")
         if self.self_imitation < 0 or (self.self_imitation > 0 and self.actor_loss != "awr"):
             raise ValueError(f"self_imitation must be >= 0, and is for actor_loss=awr (got {self.self_imitation})")
+        if self.clone_wins and self.actor_loss != "awr":
+            raise ValueError("clone_wins is for actor_loss=awr")
         if self.collect == "tree":
             if self.group_size != 1 or self.async_staleness >= 0 or self.rollout_engine == "vllm" or self.sharding != "none":
                 raise ValueError("collect=tree screens each task once and branches with the HF policy in one process "
@@ -314,6 +321,7 @@ class ArcherTrainer(OnlineTrainer):
         self.critic_steps = 0
         self.memory: list[dict] = []  # the actor's replay: one state's sibling actions, features, log-probs, values
         self.wins: list[dict] = []  # self-imitation's replay: own turns that earned a return, with their state features
+        self.best: dict[str, Trajectory] = {}  # clone_wins: task -> the best success the search found for it
         self.screened: dict[str, int] = {}  # task -> the iteration it was last screened in
         self.heldout: dict[str, torch.Tensor] = {}  # sibling pairs of the held-out tasks: s, sa, value, group
         self.experts: list[Trajectory] = []
@@ -393,9 +401,10 @@ class ArcherTrainer(OnlineTrainer):
         if cfg.actor_loss == "awr":
             self._remember(trajs, enc, siblings, values)
             self._remember_wins(trajs, enc, own, values)
-            # self-imitation's targets are wins the env confirmed (V only weights them): a closed
-            # gate stops the critic's sibling ranking, not those
-            if active or (cfg.self_imitation > 0 and self.critic_steps >= cfg.critic_warmup):
+            self._remember_best(tree)
+            # self-imitation's and the clones' targets are wins the env confirmed (V only weights the
+            # former): a closed gate stops the critic's sibling ranking, not those
+            if active or ((cfg.self_imitation > 0 or cfg.clone_wins) and self.critic_steps >= cfg.critic_warmup):
                 with self.weights_lock():
                     metrics.update(self._awr_update(siblings=active))
         else:
@@ -615,6 +624,20 @@ class ArcherTrainer(OnlineTrainer):
                                   "value": float(values[i])})
         del self.wins[: max(0, len(self.wins) - self.cfg.actor_memory)]
 
+    def _remember_best(self, tree: Tree) -> None:
+        """Keep each task's best success among the search's branches (branch BC's memory)."""
+        if not self.cfg.clone_wins:
+            return
+        for ep, parent in zip(tree.episodes, tree.parent):
+            if parent >= 0 and ep.success and better(self.best.get(ep.task_id), ep):
+                self.best[ep.task_id] = ep
+
+    def _clone_rows(self) -> tuple[list[Trajectory], list[float]]:
+        """The remembered best successes in task order, with weight 1 on each valid turn (0 on a
+        turn the env rejected), as branch BC clones them."""
+        clones = [self.best[k] for k in sorted(self.best)]
+        return clones, [float(action_status(t) == "valid") for ep in clones for t in ep.turns]
+
     @torch.no_grad()
     def _self_imitation_rows(self) -> tuple[list[Trajectory], list[float]]:
         """The remembered wins whose self-imitation weight (``Fn.self_imitation_weights`` under the
@@ -638,7 +661,7 @@ class ArcherTrainer(OnlineTrainer):
         self-imitation turns (``self_imitation``, their own weights) and the demonstrations (weight
         1 on every turn) join. ``siblings=False`` (the critic's gate is closed) leaves the AWR rows out."""
         cfg = self.cfg
-        if not self.memory and not self.wins:
+        if not self.memory and not self.wins and not self.best:
             return {}
         rows, row_w, out = [], [], {"actor/states": 0.0, "actor/memory": float(len(self.memory))}
         if self.memory:  # a tree whose roots all won has no forks, but its wins still teach
@@ -652,11 +675,14 @@ class ArcherTrainer(OnlineTrainer):
                         "actor/target_shift": sum(shift) / len(shift)})
             out.update(advantage_stats(adv))
         imitate, imitate_w = self._self_imitation_rows()
-        data = rows + imitate + self.experts
-        weight = row_w + imitate_w + [1.0] * sum(len(t.turns) for t in self.experts)
+        clones, clone_w = self._clone_rows()
+        data = rows + imitate + clones + self.experts
+        weight = row_w + imitate_w + clone_w + [1.0] * sum(len(t.turns) for t in self.experts)
         if cfg.self_imitation > 0:
             out.update({"actor/sil_turns": float(len(imitate)), "actor/sil_memory": float(len(self.wins)),
                         "actor/sil_weight": sum(imitate_w) / max(1, len(imitate_w))})
+        if cfg.clone_wins:
+            out["actor/clone_episodes"] = float(len(clones))
         if not data:
             return out
         batch = pack_batch(data, self.policy.pad_id)
@@ -744,6 +770,7 @@ class ArcherTrainer(OnlineTrainer):
             "critic_steps": self.critic_steps, "screened": dict(self.screened), "heldout": dict(self.heldout),
             "memory": [{**e, "turns": [t.to_dict() for t in e["turns"]]} for e in self.memory],
             "wins": [{**e, "turn": e["turn"].to_dict()} for e in self.wins],
+            "best": {k: t.to_dict() for k, t in self.best.items()},
         }
 
     def _load_extra_state(self, st: dict) -> None:
@@ -759,6 +786,7 @@ class ArcherTrainer(OnlineTrainer):
         self.heldout = dict(st.get("heldout", {}))
         self.memory = [{**e, "turns": [Trajectory.from_dict(t) for t in e["turns"]]} for e in st.get("memory", [])]
         self.wins = [{**e, "turn": Trajectory.from_dict(e["turn"])} for e in st.get("wins", [])]
+        self.best = {k: Trajectory.from_dict(d) for k, d in st.get("best", {}).items()}
 
 
 def memory_rows(memory: list[dict]):
