@@ -34,8 +34,9 @@ One iteration (``collect="tree"``, the default):
    env rejected are never targets), only while the out-of-sample sibling AUC (the cross-fit, else
    the held-out tasks') is at least ``critic_gate``: a critic at chance does not drive the actor.
    With them, the SFT stage's ``expert_replay`` demonstrations and, with ``self_imitation``, the
-   policy's own turns whose episode earned more than the critic's V(s); these wins the env
-   confirmed also train while the gate is closed (V only weights them).
+   policy's own turns whose episode earned more than the critic's V(s), and, with ``clone_wins``,
+   each task's best success the search found (branch BC's update, weight 1); these wins the env
+   confirmed also train while the gate is closed (V only weights the self-imitation ones).
 6. log and checkpoint.
 
 ``collect="sample"`` plays ``episodes_per_iter`` episodes at the sampling temperature instead
@@ -53,7 +54,10 @@ Where this departs from the paper, and why:
   the policy's own turns that earned more than V(s), weighted by (R - V(s))+. The AWR term moves
   the policy only at a tree's forks; the turns around them stay the policy's own, and on Search a
   fork-only actor raised the invalid-turn rate above SFT's while cloning whole winning episodes
-  lowered it.
+  lowered it. ``clone_wins`` (off by default) instead clones the search's best success per task at
+  full weight, as branch BC does: on TextWorld-easy branch BC beat the (R - V)+-weighted wins by 10
+  points from the same tree, and with its update inside ArCHer the critic's AWR is measured as an
+  addition to that floor.
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
