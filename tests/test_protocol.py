@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -213,6 +214,15 @@ eval: {{split: '', max_new_tokens: 6, num_envs: 4, allow_train_overlap: true}}  
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[protocol]")]
     assert len(lines) == 1 and "rloo final" in lines[0]
     assert again["finals"]["rloo"][0]["per_episode_success"] == report["finals"]["rloo"][0]["per_episode_success"]
+
+    # a finished arm needs neither its weights nor its checkpoints (deleted to save disk): a rerun skips it
+    for arm in ("rloo", "sft_continued"):
+        (out / "seed0" / arm / "sft_model.pt").unlink()
+    shutil.rmtree(out / "seed0" / "rloo" / "checkpoint", ignore_errors=True)
+    shutil.rmtree(out / "seed0" / "rloo" / "final_model", ignore_errors=True)
+    third = _protocol(argv)
+    assert not [x for x in capsys.readouterr().out.splitlines() if x.startswith("[protocol]")]
+    assert third["finals"]["rloo"][0]["per_episode_success"] == report["finals"]["rloo"][0]["per_episode_success"]
 
     # --report-only trains nothing and leaves out what has not finished (here a seed never run)
     partial = _protocol([*argv, "--seeds", "0", "1", "--report-only"])

@@ -147,9 +147,12 @@ class Protocol:
     def run_rl(self, arm: Arm, seed: int, sft_dir: Path) -> None:
         cfg = self.config(arm, seed)
         out = Path(cfg.output_dir)
+        rl = rl_section(cfg)[1]
+        done = _read_json(out / "stages.json", {})
+        if "eval_final" in done and done.get("rl", {}).get("iterations") == rl.iterations:
+            return  # finished as configured: its weights and checkpoints may have been deleted to save disk
         self.start_from_sft(sft_dir, out)
         curve_path = out / "curve.json"
-        rl = rl_section(cfg)[1]
         every = self.args.eval_every or max(1, rl.iterations // 4)
         first = []
 
