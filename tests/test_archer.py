@@ -384,9 +384,8 @@ def _tree_trainer(tiny_tokenizer, out, **kw):
     return ArcherTrainer(policy, ENV, _tree_cfg(**kw), env_kwargs={"tool_format": "text"}, out_dir=out)
 
 
-def test_tree_archer_buffers_each_turn_once_scores_siblings_and_trains_the_actor(tiny_tokenizer, tmp_path, monkeypatch):
-    trainer = _tree_trainer(tiny_tokenizer, tmp_path)
-    trainer.setup()
+def _keep_trees(trainer, monkeypatch) -> dict:
+    """Wrap the trainer's tree collection so a test can read the last tree (``seen["tree"]``)."""
     seen, collect = {}, trainer._collect_tree
 
     def spy():
@@ -394,6 +393,13 @@ def test_tree_archer_buffers_each_turn_once_scores_siblings_and_trains_the_actor
         return seen["tree"], metrics
 
     monkeypatch.setattr(trainer, "_collect_tree", spy)
+    return seen
+
+
+def test_tree_archer_buffers_each_turn_once_scores_siblings_and_trains_the_actor(tiny_tokenizer, tmp_path, monkeypatch):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path)
+    trainer.setup()
+    seen = _keep_trees(trainer, monkeypatch)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     row = trainer.step()
     tree = seen["tree"]
@@ -538,13 +544,7 @@ def test_clone_wins_keeps_each_tasks_best_branch_success_and_clones_it_with_a_cl
     # turns, trained even while the critic's gate is closed (no critic reaches 1.0)
     trainer = _tree_trainer(tiny_tokenizer, tmp_path, clone_wins=True, critic_gate=1.0)
     trainer.setup()
-    seen, collect = {}, trainer._collect_tree
-
-    def spy():
-        seen["tree"], metrics = collect()
-        return seen["tree"], metrics
-
-    monkeypatch.setattr(trainer, "_collect_tree", spy)
+    seen = _keep_trees(trainer, monkeypatch)
     row = trainer.step()
     tree = seen["tree"]
     won = {}
