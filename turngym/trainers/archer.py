@@ -56,8 +56,9 @@ Where this departs from the paper, and why:
   fork-only actor raised the invalid-turn rate above SFT's while cloning whole winning episodes
   lowered it. ``clone_wins`` (off by default) instead clones the search's best success per task at
   full weight, as branch BC does: on TextWorld-easy branch BC beat the (R - V)+-weighted wins by 10
-  points from the same tree, and with its update inside ArCHer the critic's AWR is measured as an
-  addition to that floor.
+  points from the same tree; with its update inside ArCHer the critic's AWR is measured as an
+  addition to that floor (there, ArCHer was level with branch BC, and opening the gate to a critic
+  at sibling AUC 0.585 cost 10 points: docs/experiments.md#archer-pieces).
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
