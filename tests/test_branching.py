@@ -189,6 +189,22 @@ def test_branch_search_returns_whole_episodes_that_leave_their_root_once(tiny_to
         branch_search(object(), make_env_factory(ENV, **TEXT), [(spec, root)])
 
 
+def test_from_wins_branches_won_roots_and_searches_on_after_a_success(tiny_tokenizer):
+    policy = _EveryGuess(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+    spec, root = _played(policy, task="4")
+    make = make_env_factory(ENV, **TEXT)
+    search = lambda r, **kw: branch_search(policy, make, [(spec, r)], points=1, width=8, max_new_tokens=6, **kw)
+    won = dataclasses.replace(root, outcome=1.0)  # the search reads only .success: a root it must skip
+    assert won.success and search(won) == []
+    from_won = search(won, from_wins=True)
+    assert len(from_won) == len(search(root)) and all(t.metadata["parent"] == 0 for t in from_won)
+    # depth 2: once a branch guessed right, the plain search stops; from_wins branches the failed ones again
+    plain, wide = search(root, depth=2), search(root, depth=2, from_wins=True)
+    assert any(t.success for t in plain) and len(wide) > len(plain)
+    deeper = [t for t in wide if t.metadata["parent"] > 0]
+    assert deeper and all(t.metadata["branch_turn"] > branch_points(root, 1)[0] for t in deeper)
+
+
 def _cfg(**kw):
     base = dict(iterations=2, episodes_per_iter=4, num_envs=4, max_new_tokens=6, branch_points=1, branch_width=8,
                 branch_depth=1, expert_replay=2, minibatch_size=2, actor_lr=1e-3, autocast="none")

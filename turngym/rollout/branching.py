@@ -74,7 +74,8 @@ def branch_points(traj: Trajectory, points: int, after: int = 0, by: str = "stat
 def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, Trajectory]], *,
                   stops: Sequence[str] = (), points: int = 2, width: int = 3, depth: int = 1,
                   max_new_tokens: int = 64, num_envs: int = 32, workers: bool | str = False,
-                  pools: Any = None, by: str = "state_key", progress: bool | str = False) -> list[Trajectory]:
+                  pools: Any = None, by: str = "state_key", progress: bool | str = False,
+                  from_wins: bool = False) -> list[Trajectory]:
     """Branches of the failed ``roots``, searched ``depth`` levels deep.
 
     At each branch point (``branch_points``) the policy's ``width`` runner-up replies
@@ -86,12 +87,17 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
         policy: Has ``alternatives(prompts, actions, k, stops, max_new_tokens)`` (``HFPolicy``)
             and a token record, since prefixes are replayed.
         make_env: The env factory the roots were played with.
-        roots: ``(spec, trajectory)`` pairs; successful roots (and their tasks) are skipped.
+        roots: ``(spec, trajectory)`` pairs; successful roots (and their tasks) are skipped
+            unless ``from_wins``.
         stops: The env's tool-format stop strings. points: Branch points per episode.
         width: Alternatives per branch point. depth: Search levels.
         max_new_tokens, num_envs, workers, pools: As when sampling / for ``rollout``.
         by: How branch points see a return to an earlier state (``visit_keys``).
         progress: A progress bar per search level (a string names it).
+        from_wins: Also branch the won roots (at their last turns: nothing came back) and keep
+            searching a task after a branch of it won. A search for successes does not need this;
+            a critic learning Q(s, a) - V(s) does: a won root's runner-ups are mostly replies that
+            lose, and a pair that earned differently at one state is the contrast it learns from.
 
     Returns:
         Every finished branch (each a whole episode, with ``metadata["branch_turn"]`` and
@@ -104,8 +110,8 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
         raise ValueError(f"{type(policy).__name__} cannot propose alternative replies; branching needs an HFPolicy")
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     found: list[Trajectory] = []
-    solved = {t.task_id for _, t in roots if t.success}
-    level = [(s, t, 0, i) for i, (s, t) in enumerate(roots) if not t.success]  # (spec, episode, after, index)
+    solved = set() if from_wins else {t.task_id for _, t in roots if t.success}
+    level = [(s, t, 0, i) for i, (s, t) in enumerate(roots) if from_wins or not t.success]  # (spec, episode, after, index)
     for level_no in range(depth):
         at = [(spec, traj, j, node) for spec, traj, after, node in level if traj.task_id not in solved
               for j in branch_points(traj, points, after, by)]
@@ -130,7 +136,8 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
             if not t.metadata.get("error") and t.metadata.get("stopped") != "branch_no_op":
                 kept.append((spec, t, len(roots) + len(found) + len(kept)))
         found += [t for _, t, _ in kept]
-        solved |= {t.task_id for _, t, _ in kept if t.success}
+        if not from_wins:
+            solved |= {t.task_id for _, t, _ in kept if t.success}
         level = [(s, t, t.metadata["branch_turn"] + 1, node) for s, t, node in kept if not t.success]
     return found
 
@@ -200,11 +207,11 @@ class Tree:
 def tree_rollout(policy: Policy, make_env: Any, specs: list[EpisodeSpec], *, stops: Sequence[str] = (),
                  points: int = 2, width: int = 3, depth: int = 1, max_new_tokens: int = 64, num_envs: int = 32,
                  workers: bool | str = False, pools: Any = None, by: str = "observation",
-                 roots: list[Trajectory] | None = None) -> Tree:
+                 roots: list[Trajectory] | None = None, from_wins: bool = False) -> Tree:
     """Play ``specs`` greedily (the roots), then ``branch_search`` from the failed ones.
 
     Args:
-        policy, make_env, stops, points, width, depth, max_new_tokens, num_envs, workers, pools, by:
+        policy, make_env, stops, points, width, depth, max_new_tokens, num_envs, workers, pools, by, from_wins:
             As for ``branch_search``.
         specs: One greedy episode each (reset seeds fixed, so every replay is exact).
         roots: The roots, already played from ``specs`` (a caller that screened them itself).
@@ -218,5 +225,5 @@ def tree_rollout(policy: Policy, make_env: Any, specs: list[EpisodeSpec], *, sto
                         num_envs=num_envs, workers=workers, progress=False, pools=pools)
     found = branch_search(policy, make_env, list(zip(specs, roots)), stops=stops, points=points, width=width,
                           depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs, workers=workers,
-                          pools=pools, by=by)
+                          pools=pools, by=by, from_wins=from_wins)
     return Tree.from_search(roots, found)

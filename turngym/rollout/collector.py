@@ -254,12 +254,13 @@ class Collector:
 
     def tree_rollout(self, env: EnvTarget, specs: list[EpisodeSpec], *, roots: list[Trajectory] | None = None,
                      points: int, width: int, depth: int, max_new_tokens: int, num_envs: int,
-                     by: str = "observation") -> Tree:
+                     by: str = "observation", from_wins: bool = False) -> Tree:
         """Greedy roots on ``specs`` (or the given ``roots``), then branch search from the failed ones
-        (``branching.tree_rollout``), played by the policy itself."""
+        (``from_wins``: from every root; ``branching.tree_rollout``), played by the policy itself."""
         return tree_rollout(self.policy, env.factory(), specs, stops=list(env.info.stop_strings), points=points,
                             width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs,
-                            workers=self.workers, pools=self.pools, by=by, roots=roots)
+                            workers=self.workers, pools=self.pools, by=by, roots=roots,
+                            from_wins=from_wins)
 
     def demonstrations(self, env: EnvTarget, episodes: int, seed: int = 0, demo_seed: int = -1,
                        num_envs: int = 8) -> list[Trajectory]:

@@ -130,6 +130,9 @@ class ArcherConfig(OnlineConfig):
     branch_depth: int = knob(2, "tree: search levels (failed branches are branched again after their branch turn)")
     branch_by: str = knob("observation", "tree: how a branch point sees a return: observation (what the agent was "
                                          "shown) | state_key (the env's privileged world-state key)")
+    branch_wins: bool = knob(False, "tree: also branch the won roots, and go on searching a task after a branch won: "
+                                    "more sibling pairs that earned differently, for the critic (the search then "
+                                    "costs more)")
     actor_loss: str = knob("awr", "awr: at each replayed state with several actions (a tree's siblings), the likelihood "
                                   "of each weighted by softmax(log pi + A / awr_beta) over the siblings | ppo: the "
                                   "clipped surrogate on this iteration's episodes")
@@ -437,7 +440,8 @@ class ArcherTrainer(OnlineTrainer):
         t0 = time.perf_counter()
         tree = self.collector.tree_rollout(self.env, specs, roots=roots, points=cfg.branch_points,
                                            width=cfg.branch_width, depth=cfg.branch_depth,
-                                           max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, by=cfg.branch_by)
+                                           max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, by=cfg.branch_by,
+                                           from_wins=cfg.branch_wins)
         branches = tree.episodes[len(roots):]
         failed = {r.task_id for r in roots if not r.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(branches)),
