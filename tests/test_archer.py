@@ -412,7 +412,19 @@ def test_tree_archer_buffers_each_turn_once_scores_siblings_and_trains_the_actor
     assert row["actor/active"] == 1.0 and row["actor/informative_states"] > 0 and math.isfinite(row["actor/pg_loss"])
     assert row["critic/sibling_pairs_xfit"] > 0 and 0.0 <= row["critic/sibling_auc_xfit"] <= 1.0
     assert row["critic/sibling_auc_xfit_low"] <= row["critic/sibling_auc_xfit"] <= row["critic/sibling_auc_xfit_high"]
+    # the roots that branched lost, so every pair is at a lost episode's fork
+    assert row["critic/sibling_pairs_xfit_lost"] == row["critic/sibling_pairs_xfit"]
+    assert row["critic/sibling_auc_xfit_lost"] == row["critic/sibling_auc_xfit"]
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters() if n in before)
+
+
+def test_branch_wins_searches_from_every_root(tiny_tokenizer, tmp_path, monkeypatch):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, branch_wins=True, iterations=1)
+    trainer.setup()
+    calls, search = [], trainer.collector.tree_rollout
+    monkeypatch.setattr(trainer.collector, "tree_rollout", lambda *a, **kw: calls.append(kw) or search(*a, **kw))
+    trainer.step()
+    assert [kw["from_wins"] for kw in calls] == [True]
 
 
 def test_tree_v_target_reads_the_parents_reply_at_a_forced_turn(tiny_tokenizer, tmp_path):

@@ -26,7 +26,8 @@ One iteration (``collect="tree"``, the default):
 4. critic: the turns go to the replay buffer, then N TD updates. Before they do, the iteration's
    sibling pairs are scored out of sample by two side copies of the critic, each trained without
    one half of the tasks (``critic/sibling_auc_xfit``: how often Q - V ranks the sibling that earned
-   more first; ``_low``/``_high``: its 95% bootstrap interval over states). The turns of a fixed
+   more first; ``_low``/``_high``: its 95% bootstrap interval over states; ``_lost``: at the forks of
+   episodes that lost). The turns of a fixed
    share of the training tasks (``critic_holdout``) never train the critic: their pairs, kept across
    iterations, give ``critic/sibling_auc``.
 5. actor: AWR at the states of the actor's memory (this and earlier iterations' siblings) where the
@@ -570,8 +571,14 @@ class ArcherTrainer(OnlineTrainer):
         if not pairs:
             return {}
         low, high = Fn.sibling_auc_interval(scores, values, groups, seed=self.iteration)
-        return {"critic/sibling_auc_xfit": auc, "critic/sibling_pairs_xfit": float(pairs),
-                "critic/sibling_auc_xfit_low": low, "critic/sibling_auc_xfit_high": high}
+        out = {"critic/sibling_auc_xfit": auc, "critic/sibling_pairs_xfit": float(pairs),
+               "critic/sibling_auc_xfit_low": low, "critic/sibling_auc_xfit_high": high}
+        # the forks of lost episodes apart (with branch_wins the won roots' forks are the rest): there the
+        # policy's own reply lost, and a critic that merely trusts the policy ranks them wrong
+        lost_auc, lost_pairs = Fn.sibling_auc(scores, values, [g for g in groups if not trajs[enc.refs[g[0]][0]].success])
+        if lost_pairs:
+            out.update({"critic/sibling_auc_xfit_lost": lost_auc, "critic/sibling_pairs_xfit_lost": float(lost_pairs)})
+        return out
 
     def _keep_heldout_pairs(self, groups: list[list[int]], enc: Encoded, values: torch.Tensor) -> None:
         """Store the held-out tasks' sibling groups (features and values): the critic never trains
