@@ -17,7 +17,8 @@ or with ``actor_loss="ppo"`` through PPO's clipped surrogate on this iteration's
 One iteration (``collect="tree"``, the default):
 
 1. collect: play ``episodes_per_iter`` training tasks greedily (the roots; held-out evaluation is
-   greedy), then branch search from the failed ones (``turngym.rollout.branching``): at the turns
+   greedy), then branch search from the failed ones (``branch_wins``: from every root, and on after a
+   success; ``turngym.rollout.branching``): at the turns
    before an episode came back to where it had been, the policy's runner-up replies are played
    on. A tree holds several actions from one state, each followed to the end: the contrast
    Q(s, a) - V(s) is learned from. Shared prefixes count once: a branch adds only its own turns.
@@ -59,7 +60,10 @@ Where this departs from the paper, and why:
   full weight, as branch BC does: on TextWorld-easy branch BC beat the (R - V)+-weighted wins by 10
   points from the same tree; with its update inside ArCHer the critic's AWR is measured as an
   addition to that floor (there, ArCHer was level with branch BC, and opening the gate to a critic
-  at sibling AUC 0.585 cost 10 points: docs/experiments.md#archer-pieces).
+  at sibling AUC 0.585 cost 10 points: docs/experiments.md#archer-pieces). ``branch_wins`` (off by
+  default) gives the critic pairs at won games' forks too; there its AUC passed the gate (0.82, 0.74
+  out of sample), and with the gate open the arm was level with branch BC, while at lost games' forks
+  it ranked at about 0.68 with or without them (docs/experiments.md#critic-contrast).
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
