@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from turngym.trainers import functional as Fn
-from turngym.trainers.archer import ReplayBuffer, UtteranceCritic, ValueHead, make_target, soft_update, td_loss
+from turngym.trainers.archer import (ReplayBuffer, UtteranceCritic, ValueHead, make_target, policy_action_rows,
+                                     soft_update, td_loss)
 
 SCORERS = ("td", "mc", "pair")
 
@@ -88,9 +89,10 @@ class Probe:
             self.d = data
         row = {(x["ep"], x["turn"]): i for i, x in enumerate(info)}
         self.next = torch.tensor([row.get((x["ep"], x["turn"] + 1), i) for i, x in enumerate(info)])
-        # V's action: at a branch's forced first turn, its parent's reply there (the trainer's policy_action)
-        self.v_action = torch.tensor([row.get((x["parent"], x["turn"]), i) if x["parent"] >= 0 and x["turn"] == x["branch_turn"]
-                                      else i for i, x in enumerate(info)])
+        episodes = {x["ep"]: x for x in info}  # V's action: the trainer's policy_action
+        self.v_action = policy_action_rows([(x["ep"], x["turn"]) for x in info],
+                                           {e: x["parent"] for e, x in episodes.items()},
+                                           {e: x["branch_turn"] for e, x in episodes.items()})
         self.groups = [g for g in data["siblings"] if float(values[g].max() - values[g].min()) > 1e-6]
 
     def lost(self, g: list[int]) -> bool:

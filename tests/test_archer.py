@@ -19,7 +19,8 @@ import turngym
 from turngym.trainers import archer
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import frozen_copy, reference_pass
-from turngym.trainers.archer import ArcherConfig, ArcherTrainer, ReplayBuffer, UtteranceCritic, make_target, td_loss
+from turngym.trainers.archer import (ArcherConfig, ArcherTrainer, ReplayBuffer, UtteranceCritic, make_target,
+                                     policy_action_rows, td_loss)
 from turngym.trainers.critic_encoder import TrunkTopEncoder
 from turngym.trainers.sequences import pack_batch
 from turngym.types import TokenRecord, Trajectory, Turn
@@ -427,13 +428,23 @@ def test_branch_wins_searches_from_every_root(tiny_tokenizer, tmp_path, monkeypa
     assert [kw["from_wins"] for kw in calls] == [True]
 
 
+def test_policy_action_rows_by_hand():
+    # episode 0: a root of 3 turns; episode 1 forks it at turn 1; episode 2 forks episode 1 at turn 2
+    refs = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    parent, branch_turn = [-1, 0, 1], [0, 1, 2]
+    # shared-prefix turns are played too: (1, 0) is the branch's own turn, not its parent's
+    assert policy_action_rows(refs, parent, branch_turn).tolist() == [0, 1, 2, 3, 1, 5, 6, 7, 5]
+    # a parent whose turn is missing (the parent ended earlier): the turn stands for itself
+    assert policy_action_rows([(0, 0), (1, 0), (1, 1)], [-1, 0], [0, 1]).tolist() == [0, 1, 2]
+
+
 def test_tree_v_target_reads_the_parents_reply_at_a_forced_turn(tiny_tokenizer, tmp_path):
     trainer = _tree_trainer(tiny_tokenizer, tmp_path)
     trainer.setup()
     tree, _ = trainer._collect_tree()
     enc = trainer._encode(tree.episodes)
     row = {ref: i for i, ref in enumerate(enc.refs)}
-    v_sa = trainer._v_action_features(tree, tree.episodes, enc, row)
+    v_sa = trainer._v_action_features(tree, tree.episodes, enc)
     for i in range(len(tree.roots), len(tree.episodes)):
         p, j = tree.parent[i], tree.branch_turn[i]
         assert_close(v_sa[row[(i, j)]], enc.sa[row[(p, j)]])  # forced runner-up: V reads the parent's reply

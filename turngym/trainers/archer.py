@@ -390,7 +390,7 @@ class ArcherTrainer(OnlineTrainer):
         r, done, next_s = _transitions(enc.refs, rewards, enc.s)
         row = {ref: i for i, ref in enumerate(enc.refs)}
         own = [row[(i, k)] for i in range(len(trajs)) for k in tree.own_turns(i) if (i, k) in row]
-        v_sa = self._v_action_features(tree, trajs, enc, row)
+        v_sa = self._v_action_features(tree, trajs, enc)
         siblings = [[row[ref] for ref in g] for g in tree.sibling_groups()]
         values = _returns_after(enc.refs, rewards)
         # 4. critic: out-of-sample scores first, then the held-in own turns train it
@@ -488,7 +488,7 @@ class ArcherTrainer(OnlineTrainer):
         refs = sorted(parts)
         return Encoded(refs, _stack([parts[r][0] for r in refs]), _stack([parts[r][1] for r in refs]))
 
-    def _v_action_features(self, tree: Tree, trajs: list[Trajectory], enc: Encoded, row: dict):
+    def _v_action_features(self, tree: Tree, trajs: list[Trajectory], enc: Encoded):
         """phi(s, a_V) per flat turn: the policy's own reply (``policy_action``: a branch's forced
         first turn reads its parent's reply at that state), a fresh sample, or None (``buffer_action``)."""
         cfg = self.cfg
@@ -496,12 +496,7 @@ class ArcherTrainer(OnlineTrainer):
             return None
         if cfg.v_target == "fresh_action":
             return self._fresh_action_features(trajs, enc.refs)
-        at = []
-        for i, (ti, k) in enumerate(enc.refs):
-            p = tree.parent[ti]
-            at.append(row[(p, k)] if p >= 0 and k == tree.branch_turn[ti] and (p, k) in row else i)
-        index = torch.tensor(at, dtype=torch.long)
-        return _select(enc.sa, index)
+        return _select(enc.sa, policy_action_rows(enc.refs, tree.parent, tree.branch_turn))
 
     # ----- 4. critic ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -857,6 +852,16 @@ def _transitions(turn_refs: list[tuple[int, int]], rewards: list[list[float]], s
         return Fn.turn_transitions(turn_refs, rewards, s)
     r, done, next_states = Fn.turn_transitions(turn_refs, rewards, s[0])
     return r, done, (next_states, Fn.turn_transitions(turn_refs, rewards, s[1])[2])
+
+
+def policy_action_rows(refs: list[tuple[int, int]], parent, branch_turn) -> torch.Tensor:
+    """``(N,)`` per flat turn ``(episode, turn)``: the row of the policy's own reply at that state.
+    A turn is its own reply, except a branch's forced first turn (``k == branch_turn[episode]``),
+    whose state the parent reached and answered with its own reply. ``parent`` and ``branch_turn``
+    are indexed by episode (``parent < 0``: a root)."""
+    row = {ref: i for i, ref in enumerate(refs)}
+    at = [row.get((parent[e], k), i) if parent[e] >= 0 and k == branch_turn[e] else i for i, (e, k) in enumerate(refs)]
+    return torch.tensor(at, dtype=torch.long)
 
 
 def heldout_tasks(task_ids: list[str], share: float, seed: int) -> set[str]:
