@@ -1,0 +1,52 @@
+"""scripts/merge_protocols.py: arms taken from two protocol runs are paired game by game, and an
+outcome two runs both hold is refused rather than replaced."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("merge_protocols", Path(__file__).parents[1] / "scripts" / "merge_protocols.py")
+merge_mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(merge_mod)
+
+
+def _final(outcomes: list[float]) -> dict:
+    n = len(outcomes)
+    return {"success": sum(outcomes) / n, "success_ci95": [0.0, 1.0], "episodes": n, "per_episode_success": outcomes,
+            "games": n, "groups": ["g"] * n, "temp_success": None, "temp_ci95": None}
+
+
+def _report(finals: dict) -> dict:
+    return {"env_id": "toy", "finals": {arm: {str(s): _final(o) for s, o in by_seed.items()} for arm, by_seed in finals.items()}}
+
+
+def test_merged_arms_are_paired_game_by_game(tmp_path):
+    old = tmp_path / "old.json"  # the baseline wins games 0-1 in seed 0, games 0-2 in seed 1
+    old.write_text(json.dumps(_report({"base": {0: [1, 1, 0, 0], 1: [1, 1, 1, 0]}, "other": {0: [0, 0, 0, 0]}})))
+    new = tmp_path / "new.json"  # the new arm wins games 0-3 in seed 0 and games 0-2 in seed 1
+    new.write_text(json.dumps(_report({"arm": {0: [1, 1, 1, 1], 1: [1, 1, 1, 0]}, "base": {0: [0, 0, 0, 0]}})))
+    out = tmp_path / "merged"
+    assert merge_mod.main(["--baseline", "base", "--run", str(old), "base", "--run", str(new), "arm=new_arm",
+                           "--out", str(out)]) == 0
+    table = json.loads(out.with_suffix(".json").read_text())["table"]
+    assert set(table) == {"base", "new_arm"}  # only the picked arms, renamed
+    seed0, seed1 = (table["new_arm"]["per_seed"][s]["vs_base"]["greedy"] for s in ("0", "1"))
+    assert (seed0["diff"], seed0["n01"], seed0["n10"]) == (0.5, 2, 0)  # +2 of 4 games, both won by the new arm
+    assert (seed1["diff"], seed1["n01"], seed1["n10"]) == (0.0, 0, 0)
+    assert table["new_arm"]["mean"]["vs_base"] == 0.25
+    assert "new_arm" in out.with_suffix(".md").read_text()
+
+
+def test_an_outcome_in_two_runs_is_refused(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_report({"sft": {0: [1, 0]}})))
+    b.write_text(json.dumps(_report({"sft": {0: [0, 0]}})))
+    with pytest.raises(SystemExit, match="in two runs"):
+        merge_mod.main(["--run", str(a), "--run", str(b), "--out", str(tmp_path / "m")])
+    assert merge_mod.main(["--run", str(a), "--run", str(b), "sft=sft_rerun", "--out", str(tmp_path / "m")]) == 0
+    with pytest.raises(SystemExit, match="not in this run"):
+        merge_mod.main(["--run", str(a), "archer", "--out", str(tmp_path / "m")])
