@@ -63,8 +63,9 @@ Where this departs from the paper, and why:
   at sibling AUC 0.585 cost 10 points: docs/experiments.md#archer-pieces). ``branch_wins`` (off by
   default) gives the critic pairs at won games' forks too; there its AUC passed the gate (0.82, 0.74
   out of sample), and with the gate open the arm was level with branch BC, while at lost games' forks
-  it ranked at about 0.68 with or without them; on multi-hop search (AUC 0.91, 0.82) it led branch BC
-  by 6.2 points on one seed, CI -3.1 to +16.4 (docs/experiments.md#critic-contrast).
+  it ranked at about 0.68 with or without them; on multi-hop search it led branch BC by 6.2 and 9.4
+  points on seeds 0 and 1 and fell 21.9 below it on seed 2, its AUC reaching 0.75 in 3 of 6 rounds:
+  pooled -2.1 (-7.6 to +3.6) (docs/experiments.md#critic-contrast, #search-wins-three-seeds).
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
