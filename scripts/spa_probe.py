@@ -17,7 +17,10 @@ tasks (``fit_first`` steps, as the trainer does once) and scores both halves:
 - the AUC of c_t for success among turns at the same index (turns 1-3): whether the credit
   tells a step that leads to a win from one that does not, rather than an early turn from a late one;
 
-for raw and for standardized features, over a few initialisations of the head.
+for raw and for standardized features under SPA-RL's sum matching, and for the potential fit
+(``fit="potential"``: each step's value fitted to its episode's outcome, the credit its rise),
+over a few initialisations of the head. Under the potential fit the predicted outcome is the last
+step's value (base rate plus the credits).
 
     python scripts/spa_probe.py --weights runs/reward_tree/seed0/sft/sft_model.pt
 """
@@ -65,7 +68,7 @@ def same_turn_auc(contribs: list[list[float]], won: list[bool], turns: int = 3) 
 
 def score(spa: ProgressReward, trajs: list, base_rate: float) -> dict[str, float]:
     contribs = spa.contributions(trajs)
-    sums = torch.tensor([sum(c) for c in contribs])
+    sums = torch.tensor([spa.predicted_outcome(spa.features(t)) for t in trajs])
     outcomes = torch.tensor([float(t.outcome) for t in trajs])
     return {"mse": float(((sums - outcomes) ** 2).mean()), "base_rate_mse": float(((base_rate - outcomes) ** 2).mean()),
             "auc": auc(sums, (outcomes > 0.5).float()), "same_turn_auc": same_turn_auc(contribs, [o > 0.5 for o in outcomes.tolist()]),
@@ -80,6 +83,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=64, help="training tasks screened (the trainer's episodes_per_iter)")
     ap.add_argument("--fit-steps", type=int, default=500, help="the estimator's fit_first")
     ap.add_argument("--head-seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--fits", nargs="+", default=["sum", "potential"], choices=["sum", "potential"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
@@ -113,15 +117,15 @@ def main() -> None:
     results = {"episodes": {k: len(v) for k, v in halves.items()}, "base_rate": base_rate,
                "feature_std_median": float(spread.median()), "feature_std_max": float(spread.max()),
                "feature_abs_mean": float(every.abs().mean()), "length_auc": length_auc, "runs": []}
-    for standardize in (False, True):
+    for fit, standardize in [(fit, std) for fit in args.fits for std in ((False, True) if fit == "sum" else (True,))]:
         for head_seed in args.head_seeds:
-            spa = ProgressReward(encoder=cache, online=False, bonus=0.0, seed=head_seed, standardize=standardize)
+            spa = ProgressReward(encoder=cache, online=False, bonus=0.0, seed=head_seed, standardize=standardize, fit=fit)
             spa.fit(halves["fit"], updates=args.fit_steps)
-            row = {"standardize": standardize, "head_seed": head_seed,
+            row = {"fit": fit, "standardize": standardize, "head_seed": head_seed,
                    **{k: score(spa, v, base_rate) for k, v in halves.items()}}
             results["runs"].append(row)
             f, h = row["fit"], row["held_out"]
-            print(f"standardize={standardize!s:5} head seed {head_seed}: fit MSE {f['mse']:.3f} (base rate "
+            print(f"fit={fit:9} standardize={standardize!s:5} head seed {head_seed}: fit MSE {f['mse']:.3f} (base rate "
                   f"{f['base_rate_mse']:.3f}), held-out MSE {h['mse']:.3f} (base rate {h['base_rate_mse']:.3f}), "
                   f"held-out AUC {h['auc']:.3f}, at the same turn index {h['same_turn_auc']:.3f}", flush=True)
     if args.out:

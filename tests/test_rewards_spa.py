@@ -10,7 +10,8 @@ import torch
 
 from turngym.rewards import make_reward
 from turngym.rewards.encoders import HashedNgramEncoder, StepInput, step_inputs
-from turngym.rewards.progress import ProgressHead, ProgressReward, SPAConfig, spa_step_rewards, sum_matching_loss
+from turngym.rewards.progress import (ProgressHead, ProgressReward, SPAConfig, potential_contributions, spa_step_rewards,
+                                     sum_matching_loss, value_matching_loss)
 from turngym.types import Message, Trajectory, Turn
 
 ACTIONS = ["look", "go north", "take key", "open chest", "inventory", "go south"]
@@ -42,6 +43,60 @@ def test_sum_matching_loss_by_hand():
     outcomes = torch.tensor([1.0, 0.0])
     # sums (0.75, 1.0): ((0.75 - 1)^2 + (1 - 0)^2) / 2
     torch.testing.assert_close(sum_matching_loss(contrib, index, outcomes), torch.tensor(0.53125))
+
+
+def test_value_matching_loss_by_hand():
+    values = torch.tensor([0.5, 0.25, 1.0])
+    index = torch.tensor([0, 0, 1])
+    outcomes = torch.tensor([1.0, 0.0])
+    # episode 0: ((0.5 - 1)^2 + (0.25 - 1)^2) / 2 = 0.40625; episode 1: (1 - 0)^2 = 1; each weighs the same
+    torch.testing.assert_close(value_matching_loss(values, index, outcomes), torch.tensor(0.703125))
+
+
+def test_potential_contributions_by_hand():
+    assert potential_contributions([0.6, 0.9], base=0.5) == pytest.approx([0.1, 0.3])
+    # grounded: the last value is the outcome, so the credits add up to outcome - base
+    assert potential_contributions([0.6, 0.9], base=0.5, outcome=1.0) == pytest.approx([0.1, 0.4])
+    assert potential_contributions([0.6, 0.9], base=0.5, outcome=0.0) == pytest.approx([0.1, -0.6])
+    assert potential_contributions([], base=0.5, outcome=1.0) == []
+
+
+def _timed_set(n: int, seed: int) -> list[Trajectory]:
+    """Won episodes are short (take key, open chest); lost ones start elsewhere and wander to a
+    6-turn limit: the length alone tells them apart, as on a tree without a loop cutoff."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        won = rng.random() < 0.5
+        wander = ["look", "go north", "go south", "inventory"]
+        actions = ["take key", "open chest"] if won else [rng.choice(wander) for _ in range(6)]
+        turns = [Turn(action_text=a, observation=[Message("tool", f"You {a}.")], info={"action_valid": True})
+                 for a in actions]
+        out.append(Trajectory("chest", turns=turns, outcome=float(won), initial_observation=[Message("user", "Open the chest.")]))
+    return out
+
+
+def test_a_potential_fit_credits_the_step_that_decides_and_pays_nothing_for_wandering():
+    train, held_out = _timed_set(64, seed=0), _timed_set(16, seed=1)
+    spa = ProgressReward(online=False, bonus=0.0, fit="potential", dim=512, hidden=32, lr=1e-2, batch_size=16,
+                         history_turns=0)
+    spa.fit(train, updates=300)
+    base = float(spa.head.base)
+    assert base == pytest.approx(sum(t.outcome for t in train) / len(train))
+    for traj, c in zip(held_out, spa.contributions(held_out)):
+        if traj.outcome:  # the first step decides: it earns the whole rise; the second adds little
+            assert c[0] == pytest.approx(1 - base, abs=0.1) and abs(c[1]) < 0.1
+        else:  # the first step loses the base rate; wandering after it earns (and costs) nothing
+            assert c[0] == pytest.approx(-base, abs=0.1) and all(abs(x) < 0.1 for x in c[1:])
+    # as a transform the last step is grounded in the real outcome: the rewards add up to outcome - base
+    for r, t in zip(spa(held_out), held_out):
+        assert sum(r) == pytest.approx(t.outcome - base, abs=1e-6)
+    assert spa.stats["reward/spa_sum_abs_err"] < 0.1
+    clone = ProgressReward(online=False, bonus=0.0, fit="potential", dim=512, hidden=32, history_turns=0)
+    clone.load_state_dict(spa.state_dict())
+    assert float(clone.head.base) == base and clone.contributions(held_out) == spa.contributions(held_out)
+    with pytest.raises(ValueError, match="fit must be one of"):
+        ProgressReward(fit="length")
 
 
 def test_spa_step_rewards_by_hand():

@@ -13,6 +13,19 @@ and the per-step reward is the contribution plus a grounding bonus for valid, ex
 With ``exact_sum`` the residual (outcome - sum_t c_t) is spread evenly over the turns, so the
 contributions of a scored trajectory add up to its outcome exactly (return decomposition).
 
+``fit="potential"`` fits the head per step instead: h_t, read after the step's action, is fitted
+to its episode's outcome (an estimate of P(success | history through a_t)), and a step's credit is
+the rise it made,
+
+    c_t = h_t - h_{t-1},   h_{-1} = the fitting set's success rate,   h_{T-1} = the outcome (reward only)
+
+so the credits add up to outcome - base rate (a constant no action changes). Sum matching can be
+solved by counting steps where failed episodes are the long ones (they run to the turn limit): a
+head that gives every late turn a negative amount fits the sums. A per-step target cannot be met
+that way, since every step of an episode has the same target, and the credits telescope, so
+wandering earns nothing (potential-based shaping, Ng et al. 1999: the optimal policy is the
+outcome's). The scored trajectory's last step is grounded in its real outcome.
+
 Online (``online=True``): each call adds the batch to a trajectory buffer and trains ``updates``
 steps before scoring the batch, so it plugs into any trainer as a plain reward transform (the
 trainers call their transform once per iteration with the new batch). Offline: ``fit(trajs)`` on
@@ -73,14 +86,22 @@ class SPAConfig:
     batch_size: int = knob(32, "trajectories per estimator step")
     buffer_size: int = knob(256, "trajectories kept for online training (oldest leave first)")
     seed: int = knob(0, "head initialisation and minibatch sampling")
+    fit: str = knob("sum", "sum: SPA-RL's sum matching; potential: each step's output fitted to its episode's "
+                           "outcome, credit = its rise over the previous step's (see the module docstring): "
+                           "episode length cannot explain the fit")
 
     def __post_init__(self) -> None:
+        if self.fit not in FITS:
+            raise ValueError(f"fit must be one of {FITS}, not {self.fit!r}")
         if self.updates < 0 or self.batch_size < 1 or self.buffer_size < 1 or self.hidden < 1:
             raise ValueError("updates must be >= 0; batch_size, buffer_size and hidden >= 1")
         if self.history_turns < 0:
             raise ValueError("history_turns must be >= 0")
         if self.fit_first < 0 or (self.fit_first and self.online):
             raise ValueError("fit_first must be >= 0 and needs online=false (it trains once, then freezes)")
+
+
+FITS = ("sum", "potential")
 
 
 # ----- pure math -------------------------------------------------------------------------------
@@ -97,6 +118,34 @@ def sum_matching_loss(contrib: torch.Tensor, traj_index: torch.Tensor, outcomes:
     """
     sums = torch.zeros_like(outcomes).index_add(0, traj_index, contrib)
     return torch.mean((sums - outcomes) ** 2)
+
+
+def value_matching_loss(values: torch.Tensor, traj_index: torch.Tensor, outcomes: torch.Tensor) -> torch.Tensor:
+    """MSE between every step's value and its trajectory's outcome, each trajectory weighing the
+    same (a long episode does not outweigh a short one).
+
+    Args:
+        values: ``(N,)`` per-step values h_t of all steps in the batch.
+        traj_index: ``(N,)`` long, which trajectory (0..B-1) each step belongs to.
+        outcomes: ``(B,)`` the trajectories' outcomes.
+
+    Returns:
+        Scalar ``mean_b mean_{t in b} (h_t - outcome_b)^2``.
+    """
+    sq = (values - outcomes[traj_index]) ** 2
+    per_traj = torch.zeros_like(outcomes).index_add(0, traj_index, sq)
+    steps = torch.zeros_like(outcomes).index_add(0, traj_index, torch.ones_like(sq))
+    return torch.mean(per_traj / steps.clamp(min=1))
+
+
+def potential_contributions(values: Sequence[float], base: float, outcome: float | None = None) -> list[float]:
+    """Each step's rise in value: ``c_t = h_t - h_{t-1}`` with ``h_{-1} = base``; with ``outcome``
+    the last step's value is the outcome itself (the terminal state's value is known), so the
+    contributions add up to ``outcome - base``."""
+    h = list(values)
+    if outcome is not None and h:
+        h[-1] = outcome
+    return [v - prev for v, prev in zip(h, [base] + h[:-1])]
 
 
 def spa_step_rewards(contrib: Sequence[float], valid: Sequence[bool], outcome: float, alpha: float = 1.0,
@@ -145,6 +194,7 @@ class ProgressHead(torch.nn.Module):
         torch.nn.init.zeros_(self.net[2].bias)
         self.register_buffer("shift", torch.zeros(dim))
         self.register_buffer("scale", torch.ones(dim))
+        self.register_buffer("base", torch.zeros(()))  # fit="potential": h_{-1}, the fitting set's outcome rate
 
     def standardize_on(self, feats: torch.Tensor) -> None:
         """Zero mean and unit variance per feature over ``feats`` ``(N, D)`` from now on (a constant
@@ -213,12 +263,23 @@ class ProgressReward:
 
     @torch.no_grad()
     def contributions(self, trajectories: Sequence[Trajectory]) -> list[list[float]]:
-        """The estimator's c_t for every turn (no training)."""
+        """The estimator's c_t for every turn (no training; with ``fit="potential"`` the last step
+        is not grounded in the outcome, so the credit is the estimator's alone)."""
         return [self._contrib(self.features(t)) for t in trajectories]
 
-    def _contrib(self, feats: torch.Tensor) -> list[float]:
+    def _contrib(self, feats: torch.Tensor, outcome: float | None = None) -> list[float]:
+        """c_t from the step features; ``outcome`` grounds a potential fit's last step."""
         with torch.no_grad(), _one_thread():
-            return self.head(feats).tolist() if len(feats) else []
+            out = self.head(feats).tolist() if len(feats) else []
+        if self.cfg.fit == "potential":
+            return potential_contributions(out, float(self.head.base), outcome)
+        return out
+
+    def predicted_outcome(self, feats: torch.Tensor) -> float:
+        """What the estimator says the episode earned: the sum of its credits, plus the base rate
+        they rise from under a potential fit (there, the last step's value)."""
+        base = float(self.head.base) if self.cfg.fit == "potential" else 0.0
+        return base + sum(self._contrib(feats))
 
     def fit(self, trajectories: Sequence[Trajectory], updates: int | None = None) -> dict[str, float]:
         """Offline training on a buffer of trajectories (the internal buffer is left alone).
@@ -228,7 +289,8 @@ class ProgressReward:
             updates: Gradient steps (default ``10 * cfg.updates``).
 
         Returns:
-            ``{"loss": last minibatch loss, "sum_abs_err": mean |sum c - outcome| over the set}``.
+            ``{"loss": last minibatch loss, "sum_abs_err": mean |predicted - real outcome| over the
+            set}`` (predicted: the sum of the credits; under a potential fit, the last step's value).
         """
         items = [(self.features(t), float(t.outcome)) for t in trajectories if t.turns]
         loss = self._train(items, 10 * self.cfg.updates if updates is None else updates)
@@ -241,6 +303,9 @@ class ProgressReward:
         if self.cfg.standardize and not self.standardized:  # once, on the first training set: then fixed
             self.head.standardize_on(torch.cat([f for f, _ in items]))
             self.standardized = True
+        if self.cfg.fit == "potential":  # h_{-1}: before the first step, the set's success rate
+            self.head.base.fill_(sum(o for _, o in items) / len(items))
+        loss_fn = value_matching_loss if self.cfg.fit == "potential" else sum_matching_loss
         self.head.train()
         with torch.enable_grad(), _one_thread():
             for _ in range(updates):
@@ -248,7 +313,7 @@ class ProgressReward:
                 feats = torch.cat([items[i][0] for i in pick])
                 index = torch.cat([torch.full((len(items[i][0]),), b, dtype=torch.long) for b, i in enumerate(pick)])
                 outcomes = torch.tensor([items[i][1] for i in pick])
-                loss = sum_matching_loss(self.head(feats), index, outcomes)
+                loss = loss_fn(self.head(feats), index, outcomes)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 self.opt.step()
@@ -259,7 +324,7 @@ class ProgressReward:
     def _sum_abs_err(self, items: Sequence[tuple[torch.Tensor, float]]) -> float:
         if not items:
             return 0.0
-        return sum(abs(sum(self._contrib(f)) - o) for f, o in items) / len(items)
+        return sum(abs(self.predicted_outcome(f) - o) for f, o in items) / len(items)
 
     def __call__(self, trajectories: Sequence[Trajectory]) -> PerTurn:
         if self.head is None:
@@ -274,13 +339,13 @@ class ProgressReward:
             self.fitted = True
         out, grounded, steps, contrib_sum, abs_err = [], 0, 0, 0.0, 0.0
         for f, traj in zip(feats, trajectories):
-            c = self._contrib(f)
+            c = self._contrib(f, float(traj.outcome))
             valid = [t.action_valid for t in traj.turns]
             out.append(spa_step_rewards(c, valid, float(traj.outcome), self.cfg.alpha, self.cfg.bonus, self.cfg.exact_sum))
             grounded += sum(valid)
             steps += len(valid)
             contrib_sum += sum(c)
-            abs_err += abs(sum(c) - float(traj.outcome))
+            abs_err += abs(self.predicted_outcome(f) - float(traj.outcome))
         n = max(1, len(trajectories))
         self.stats = {"reward/spa_loss": loss, "reward/spa_sum_abs_err": abs_err / n,
                       "reward/spa_contrib_sum_mean": contrib_sum / n, "reward/spa_grounded_frac": grounded / max(1, steps),
@@ -299,6 +364,7 @@ class ProgressReward:
         head = state["head"]
         if "shift" not in head:  # saved before heads standardized their features: identity
             head = {**head, "shift": torch.zeros_like(self.head.shift), "scale": torch.ones_like(self.head.scale)}
+        head = {"base": torch.zeros(()), **head}  # saved before potential fits: unused by a sum fit
         self.head.load_state_dict(head)
         self.standardized = bool(state.get("standardized", False))
         self.opt.load_state_dict(state["opt"])
