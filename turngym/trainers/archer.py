@@ -66,6 +66,9 @@ Where this departs from the paper, and why:
   it ranked at about 0.68 with or without them; on multi-hop search it led branch BC by 6.2 and 9.4
   points on seeds 0 and 1 and fell 21.9 below it on seed 2, its AUC reaching 0.75 in 3 of 6 rounds:
   pooled -2.1 (-7.6 to +3.6) (docs/experiments.md#critic-contrast, #search-wins-three-seeds).
+  With the gate closed (``critic_gate=1.0``: the critic's V weights self-imitation, its Q - V never
+  moves the actor) the same arm led branch BC by 6.5 (+0.0 to +13.3) over 3 seeds, and was 33.6 points
+  above the gate-open arm on seed 2's same tree (#search-sil-three-seeds).
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
