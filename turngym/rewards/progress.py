@@ -267,19 +267,28 @@ class ProgressReward:
         is not grounded in the outcome, so the credit is the estimator's alone)."""
         return [self._contrib(self.features(t)) for t in trajectories]
 
-    def _contrib(self, feats: torch.Tensor, outcome: float | None = None) -> list[float]:
-        """c_t from the step features; ``outcome`` grounds a potential fit's last step."""
+    def _outputs(self, feats: torch.Tensor) -> list[float]:
+        """The head's output per step: c_t under a sum fit, h_t under a potential fit."""
         with torch.no_grad(), _one_thread():
-            out = self.head(feats).tolist() if len(feats) else []
+            return self.head(feats).tolist() if len(feats) else []
+
+    def _credit(self, out: list[float], outcome: float | None = None) -> list[float]:
+        """c_t from the head's outputs; ``outcome`` grounds a potential fit's last step."""
+        return potential_contributions(out, float(self.head.base), outcome) if self.cfg.fit == "potential" else out
+
+    def _predicted(self, out: list[float]) -> float:
+        """What the outputs say the episode earned: the credits' sum, or a potential fit's last value."""
         if self.cfg.fit == "potential":
-            return potential_contributions(out, float(self.head.base), outcome)
-        return out
+            return out[-1] if out else float(self.head.base)
+        return sum(out)
+
+    def _contrib(self, feats: torch.Tensor) -> list[float]:
+        return self._credit(self._outputs(feats))
 
     def predicted_outcome(self, feats: torch.Tensor) -> float:
-        """What the estimator says the episode earned: the sum of its credits, plus the base rate
-        they rise from under a potential fit (there, the last step's value)."""
-        base = float(self.head.base) if self.cfg.fit == "potential" else 0.0
-        return base + sum(self._contrib(feats))
+        """What the estimator says the episode earned: the sum of its credits (under a potential
+        fit, the base rate plus them: the last step's value)."""
+        return self._predicted(self._outputs(feats))
 
     def fit(self, trajectories: Sequence[Trajectory], updates: int | None = None) -> dict[str, float]:
         """Offline training on a buffer of trajectories (the internal buffer is left alone).
@@ -339,13 +348,14 @@ class ProgressReward:
             self.fitted = True
         out, grounded, steps, contrib_sum, abs_err = [], 0, 0, 0.0, 0.0
         for f, traj in zip(feats, trajectories):
-            c = self._contrib(f, float(traj.outcome))
+            out_f = self._outputs(f)
+            c = self._credit(out_f, float(traj.outcome))
             valid = [t.action_valid for t in traj.turns]
             out.append(spa_step_rewards(c, valid, float(traj.outcome), self.cfg.alpha, self.cfg.bonus, self.cfg.exact_sum))
             grounded += sum(valid)
             steps += len(valid)
             contrib_sum += sum(c)
-            abs_err += abs(self.predicted_outcome(f) - float(traj.outcome))
+            abs_err += abs(self._predicted(out_f) - float(traj.outcome))
         n = max(1, len(trajectories))
         self.stats = {"reward/spa_loss": loss, "reward/spa_sum_abs_err": abs_err / n,
                       "reward/spa_contrib_sum_mean": contrib_sum / n, "reward/spa_grounded_frac": grounded / max(1, steps),
