@@ -552,6 +552,22 @@ def test_tree_awr_self_imitation_clones_own_turns_that_won(tiny_tokenizer, tmp_p
     assert [e["turn"].to_dict() for e in twin.wins] == [e["turn"].to_dict() for e in trainer.wins]
 
 
+def test_self_imitation_without_a_baseline_weighs_each_win_by_its_return(tiny_tokenizer, tmp_path):
+    # sil_baseline=zero: V = 0, so a win the critic already expects is still cloned, at weight R
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, self_imitation=2.0, awr_min_weight=0.01, sil_baseline="zero")
+    trainer.setup()
+    trainer.step()
+    assert trainer.wins
+    v = trainer.critic.value(trainer.critic.encode(torch.stack([e["s"] for e in trainer.wins])))
+    for e, value in zip(trainer.wins, v.tolist()):
+        e["value"] = max(value, 0.5)
+    turns, weights = trainer._self_imitation_rows()
+    assert len(turns) == len(trainer.wins)
+    assert weights == pytest.approx([2.0 * e["value"] for e in trainer.wins])
+    with pytest.raises(ValueError, match="sil_baseline"):
+        _tree_cfg(sil_baseline="mean")
+
+
 def test_a_closed_gate_stops_the_sibling_targets_not_self_imitation(tiny_tokenizer, tmp_path):
     # no critic reaches a gate of 1.0: the critic's ranking trains nothing, the confirmed wins still do
     trainer = _tree_trainer(tiny_tokenizer, tmp_path, self_imitation=1.0, awr_min_weight=0.01, critic_gate=1.0)

@@ -162,6 +162,9 @@ class ArcherConfig(OnlineConfig):
     self_imitation: float = knob(0.0, "awr: the actor also clones its own turns whose episode earned more after them than "
                                       "the critic's V(s) (self-imitation, Oh et al. 2018), each weighted by this x "
                                       "(R - V(s))+; the turns of earlier iterations are kept (actor_memory of them); 0 = off")
+    sil_baseline: str = knob("critic", "self-imitation's baseline: critic = V(s), weight (R - V(s))+ | zero = none, "
+                                       "every remembered win at weight self_imitation x R (an ablation: with the gate "
+                                       "closed the critic then moves nothing)")
     clone_wins: bool = knob(False, "awr: the actor also clones, at weight 1 on valid turns, each training task's best "
                                    "success the search found (highest return, then fewest turns; kept across "
                                    "iterations): branch BC's update, so the critic's AWR is measured as an addition to it")
@@ -235,6 +238,8 @@ class ArcherConfig(OnlineConfig):
             raise ValueError(f"expert_replay must be >= 0, got {self.expert_replay}")
         if self.self_imitation < 0 or (self.self_imitation > 0 and self.actor_loss != "awr"):
             raise ValueError(f"self_imitation must be >= 0, and is for actor_loss=awr (got {self.self_imitation})")
+        if self.sil_baseline not in ("critic", "zero"):
+            raise ValueError(f"sil_baseline must be critic or zero, got {self.sil_baseline!r}")
         if self.clone_wins and self.actor_loss != "awr":
             raise ValueError("clone_wins is for actor_loss=awr")
         if self.collect == "tree":
@@ -661,11 +666,16 @@ class ArcherTrainer(OnlineTrainer):
     @torch.no_grad()
     def _self_imitation_rows(self) -> tuple[list[Trajectory], list[float]]:
         """The remembered wins whose self-imitation weight (``Fn.self_imitation_weights`` under the
-        current critic's V) is at least ``awr_min_weight``, with those weights."""
+        current critic's V, or V = 0 with ``sil_baseline=zero``) is at least ``awr_min_weight``, with
+        those weights."""
         if not self.wins:
             return [], []
-        v = self.critic.value(self.critic.encode(_stack([e["s"] for e in self.wins])))
-        w = Fn.self_imitation_weights(torch.tensor([e["value"] for e in self.wins]), v, self.cfg.self_imitation)
+        returns = torch.tensor([e["value"] for e in self.wins])
+        if self.cfg.sil_baseline == "zero":
+            v = torch.zeros_like(returns)
+        else:
+            v = self.critic.value(self.critic.encode(_stack([e["s"] for e in self.wins])))
+        w = Fn.self_imitation_weights(returns, v, self.cfg.self_imitation)
         keep = [i for i in range(len(self.wins)) if float(w[i]) >= self.cfg.awr_min_weight]
         return [self.wins[i]["turn"] for i in keep], [float(w[i]) for i in keep]
 
