@@ -69,8 +69,8 @@ Where this departs from the paper, and why:
   With the gate closed (``critic_gate=1.0``: the critic's V weights self-imitation, its Q - V never
   moves the actor) the same arm led branch BC by 6.5 (+0.0 to +13.3) over 3 seeds, and was 33.6 points
   above the gate-open arm on seed 2's same tree (#search-sil-three-seeds). Without V
-  (``sil_baseline=zero``: every win cloned at weight R) seed 2 reached 61.7% against 69.5%, -7.8
-  (-18.0 to +2.3), so V's share of that lead is not yet measurably above 0 (#sil-baseline).
+  (``sil_baseline=zero``: every win cloned at weight R) seed 2 reached 61.7% against 53.9% from the same
+  weights, +7.8 (-0.8 to +16.4): V's share of that lead is not measurably above 0 (#sil-baseline).
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
