@@ -212,7 +212,7 @@ class ArcherConfig(OnlineConfig):
         super().__post_init__()
         choices = {"collect": ("tree", "sample"), "branch_by": BRANCH_BY, "actor_loss": ("awr", "ppo"),
                    "advantage": ("q_minus_v", "td", "gae"), "advantage_timing": ("before", "after"),
-                   "v_target": ("policy_action", "buffer_action", "fresh_action")}
+                   "v_target": ("policy_action", "buffer_action", "fresh_action"), "sil_baseline": ("critic", "zero")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -240,8 +240,6 @@ class ArcherConfig(OnlineConfig):
             raise ValueError(f"expert_replay must be >= 0, got {self.expert_replay}")
         if self.self_imitation < 0 or (self.self_imitation > 0 and self.actor_loss != "awr"):
             raise ValueError(f"self_imitation must be >= 0, and is for actor_loss=awr (got {self.self_imitation})")
-        if self.sil_baseline not in ("critic", "zero"):
-            raise ValueError(f"sil_baseline must be critic or zero, got {self.sil_baseline!r}")
         if self.clone_wins and self.actor_loss != "awr":
             raise ValueError("clone_wins is for actor_loss=awr")
         if self.collect == "tree":
