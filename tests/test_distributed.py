@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from distributed_ranks import spawn_ranks
 
 from turngym.rollout import EpisodeSpec
 from turngym.trainers.distributed import DistContext, _buckets
@@ -72,8 +72,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_two_gloo_ranks_match_one_process_on_the_union(tmp_path):
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
+    out = spawn_ranks(_worker, tmp_path, world=WORLD)
+    r0, r1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
     torch.manual_seed(100)  # rank 0's init, which broadcast_params gave both ranks
     single = _Net()
     _step(single, *_data())

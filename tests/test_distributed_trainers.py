@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from distributed_ranks import spawn_ranks
 
 WORLD = 2
 ENV = "tests/Guess-v0"
@@ -22,7 +22,7 @@ class _LengthReward:
         return [[(sum(t.action_ids(k)) % 7) / 10 for k in range(len(t.turns))] for t in trajectories]
 
 
-def _worker(rank: int, algo: str, init_file: str, out_dir: str) -> None:
+def _worker(rank: int, init_file: str, out_dir: str, algo: str) -> None:
     import toy_envs  # noqa: F401  (registers tests/Guess-v0 in the spawned process)
     from fixtures_model import build_tiny_model
     from turngym.agents.default_model import load_default_tokenizer
@@ -60,8 +60,8 @@ def _worker(rank: int, algo: str, init_file: str, out_dir: str) -> None:
 
 @pytest.mark.parametrize("algo", ["grpo", "archer"])
 def test_two_ranks_train_in_lockstep(tmp_path, algo, tiny_tokenizer):
-    mp.spawn(_worker, args=(algo, str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
+    out = spawn_ranks(_worker, tmp_path, algo, world=WORLD)
+    r0, r1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
     changed = 0
     for k, v in r0["model"].items():
         torch.testing.assert_close(v, r1["model"][k], rtol=0, atol=0, msg=f"ranks disagree on {k}")
@@ -73,6 +73,6 @@ def test_two_ranks_train_in_lockstep(tmp_path, algo, tiny_tokenizer):
     # metrics are combined over ranks: both see the same numbers, and env steps count both shards
     assert [r["env_steps"] for r in r0["rows"]] == [r["env_steps"] for r in r1["rows"]]
     assert r0["rows"][0]["rollout/success"] == r1["rows"][0]["rollout/success"]
-    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in logged] == [1, 2]  # one writer: no duplicated rows
-    assert (tmp_path / "run" / "checkpoint").exists()
+    assert (out / "run" / "checkpoint").exists()

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from distributed_ranks import spawn_ranks
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="needs torch.distributed with gloo")
@@ -120,8 +120,8 @@ def _bcast(state: dict) -> dict:
 def test_fsdp_actor_update_over_two_ranks_matches_one_process(tmp_path):
     from turngym.trainers.actor import prepare_trainable
 
-    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
+    out = spawn_ranks(_worker, tmp_path, world=WORLD)
+    r0, r1 = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD))
     full, tok_adv, noise = _batch()
     for trainable, kw in SETUPS.items():
         single = prepare_trainable(_model(**kw), trainable)
@@ -189,8 +189,7 @@ def _trainer_worker(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_fsdp_trainer_checkpoints_resume_and_final_model(tmp_path, tiny_tokenizer):
-    mp.spawn(_trainer_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    out = torch.load(tmp_path / "trainer.pt", weights_only=False)
+    out = torch.load(spawn_ranks(_trainer_worker, tmp_path, world=WORLD) / "trainer.pt", weights_only=False)
     assert out["iteration"] == 2 and out["rows"] == 1, "the second trainer did not resume at iteration 1"
     assert out["turns"] > 0
     for k, v in out["full"].items():  # the HF folder holds the gathered weights
