@@ -121,7 +121,8 @@ def main() -> None:
         for head_seed in args.head_seeds:
             spa = ProgressReward(encoder=cache, online=False, bonus=0.0, seed=head_seed, standardize=standardize, fit=fit)
             spa.fit(halves["fit"], updates=args.fit_steps)
-            row = {"fit": fit, "standardize": standardize, "head_seed": head_seed,
+            # "method", not "fit": the halves' scores are keyed "fit" and "held_out"
+            row = {"method": fit, "standardize": standardize, "head_seed": head_seed,
                    **{k: score(spa, v, base_rate) for k, v in halves.items()}}
             results["runs"].append(row)
             f, h = row["fit"], row["held_out"]
