@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import Callable
@@ -16,7 +17,7 @@ def spawn_ranks(worker: Callable, tmp_path: Path, *args, world: int = 2, attempt
     has aborted a rank that had finished its work ("terminate called without an active exception",
     SIGABRT) on a loaded machine. A Python error in a worker is raised at once, never retried.
     """
-    for attempt in range(attempts):
+    for attempt in itertools.count(1):
         out_dir = Path(tmp_path) / f"ranks{attempt}"
         out_dir.mkdir()
         try:
@@ -24,9 +25,8 @@ def spawn_ranks(worker: Callable, tmp_path: Path, *args, world: int = 2, attempt
                      nprocs=world, join=True)
             return out_dir
         except mp.ProcessExitedException:
-            if attempt == attempts - 1:
+            if attempt >= attempts:
                 raise
-    raise AssertionError("unreachable")
 
 
 def _run_then_exit(rank: int, worker: Callable, init_file: str, out_dir: str, *args) -> None:
