@@ -348,6 +348,8 @@ def test_top_k_critic_trains_its_own_blocks_and_leaves_the_reference(policy, tmp
         _top_cfg(token_baseline=True)
     with pytest.raises(ValueError, match="top:K"):
         _cfg(critic_encoder="top:x")
+    with pytest.raises(ValueError, match="branch_pick"):
+        _cfg(branch_pick="first")
 
 
 def test_top_k_critic_with_fresh_actions_resumes_exactly(tiny_tokenizer, tmp_path):

@@ -16,10 +16,11 @@ from turngym.agents.hf import HFPolicy
 from turngym.agents.kvcache import common_prefix
 from turngym.agents.sampling import decision_position, runner_up_heads
 from turngym.rollout import EpisodeSpec, make_env_factory, rollout
-from turngym.rollout.branching import Tree, branch_points, branch_search, observation_key, tree_rollout, visit_keys
+from turngym.rollout.branching import (Tree, branch_points, branch_search, observation_key, reply_certainty, tree_rollout,
+                                       visit_keys)
 from turngym.rollout.episode import branch_of
 from turngym.trainers.branch_bc import BranchBCConfig, BranchBCTrainer, better
-from turngym.types import Message, Trajectory, Turn, Utterance
+from turngym.types import Message, TokenRecord, Trajectory, Turn, Utterance
 
 from fixtures_model import EveryGuess as _EveryGuess
 from fixtures_model import build_tiny_model
@@ -51,6 +52,31 @@ def test_branch_points_by_hand():
     assert branch_points(_episode(["s1", "s2", "s3", "s2"]), 3, after=2) == [3, 2]
     # without state keys: the last turns
     assert branch_points(Trajectory("t", [Turn("a"), Turn("b"), Turn("c")]), 2) == [2, 1]
+
+
+def _unsure(keys, token_logprobs):
+    """``_episode(keys)`` whose turn i sampled tokens with ``token_logprobs[i]`` (None: no log-probs)."""
+    traj, record = _episode(keys), TokenRecord()
+    for turn, lps in zip(traj.turns, token_logprobs):
+        record.add_prompt([1, 2])
+        turn.span = record.add_action([7] * (len(lps) if lps else 2), lps)
+    traj.record = record
+    return traj
+
+
+def test_branch_points_where_the_policy_was_least_sure():
+    # s0 -> s1 -> s2 -> s3 -> s2: turn 3 returned, so turns 0-3 are candidates. The least certain token of
+    # each reply: turn 0 -2.0, turn 1 -0.1, turn 2 no log-probs (sure), turn 3 -0.5, turn 4 (after the return) -9
+    traj = _unsure(["s1", "s2", "s3", "s2", "s4"], [[-0.01, -2.0], [-0.1], None, [-0.5, -0.2], [-9.0]])
+    assert [reply_certainty(traj, j) for j in range(5)] == [-2.0, -0.1, 0.0, -0.5, -9.0]
+    assert branch_points(traj, 2, pick="uncertain") == [3, 0]  # the latest two would be [3, 2]
+    assert branch_points(traj, 2) == [3, 2]
+    assert branch_points(traj, 2, after=1, pick="uncertain") == [3, 1]  # turn 0 is before the level's own turns
+    assert branch_points(traj, 9, pick="uncertain") == [3, 2, 1, 0]
+    # all equally sure (no record): ties go to the later turn, as "latest" does
+    assert branch_points(_episode(["s1", "s2", "s3"]), 2, pick="uncertain") == [2, 1]
+    with pytest.raises(ValueError, match="branch_pick"):
+        branch_points(traj, 2, pick="random")
 
 
 def _seen(texts, opening="room A"):
@@ -180,6 +206,12 @@ def test_branch_search_returns_whole_episodes_that_leave_their_root_once(tiny_to
         assert t.turns[j].action_text != root.turns[j].action_text
     assert sum(t.success for t in found) == 1  # exactly one guess is right
     assert all(t.metadata["parent"] == 0 for t in found)
+    # pick="uncertain": the branch leaves at the turn whose recorded reply the policy was least sure of
+    unsure = branch_points(root, 1, pick="uncertain")[0]
+    assert reply_certainty(root, unsure) == min(reply_certainty(root, k) for k in range(j + 1)) < 0
+    picked = branch_search(policy, make_env_factory(ENV, **TEXT), [(spec, root)], points=1, width=8, depth=1,
+                           max_new_tokens=6, pick="uncertain")
+    assert picked and all(t.metadata["branch_turn"] == unsure for t in picked)
     tree = tree_rollout(policy, make_env_factory(ENV, **TEXT), [spec], roots=[root], points=1, width=8,
                         max_new_tokens=6, by="state_key")
     assert tree.episodes[0] is root and len(tree.episodes) == 1 + len(found)
@@ -247,6 +279,8 @@ def test_branch_bc_config_is_validated():
         BranchBCConfig(branch_width=0)
     with pytest.raises(ValueError, match="branch_by"):
         BranchBCConfig(branch_by="room")
+    with pytest.raises(ValueError, match="branch_pick"):
+        BranchBCConfig(branch_pick="first")
     with pytest.raises(TypeError):  # its own knobs only: no PPO loss, no sampling temperature
         BranchBCConfig(pg_loss="ppo")
 

@@ -11,7 +11,10 @@ certain token), and plays each on greedily. Tree-structured rollouts of this kin
 agent RL in Tree-GRPO (Ji et al., 2025) and TreeRL (Hou et al., 2025), which also fork at the
 least certain tokens. The branch points are the turns just before the episode first came back to
 where it had been: by default as the agent saw it (an observation it had already been shown,
-``branch_by="observation"``), or by the env's privileged ``state_key`` (``"state_key"``).
+``branch_by="observation"``), or by the env's privileged ``state_key`` (``"state_key"``). Among the
+turns before that return, ``pick="latest"`` (the default) takes the last ones; ``pick="uncertain"``
+the ones where the policy was least sure of its own reply (the lowest recorded log-prob of any of the
+reply's tokens): there its runner-ups are replies it nearly gave, not forced ones it gave p ~ 0.003.
 
     tree = tree_rollout(policy, make_env, specs, stops=["</act>"])   # greedy roots, then the search
     tree.episodes, tree.parent, tree.branch_turn, tree.sibling_groups()
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -36,6 +40,7 @@ from turngym.rollout.sync import rollout
 from turngym.types import Message, Trajectory
 
 BRANCH_BY = ("observation", "state_key")
+BRANCH_PICK = ("latest", "uncertain")
 
 
 def observation_key(messages: Sequence[Message]) -> str:
@@ -55,26 +60,45 @@ def visit_keys(traj: Trajectory, by: str = "observation") -> list[str | None]:
     raise ValueError(f"branch_by must be one of {BRANCH_BY}, got {by!r}")
 
 
-def branch_points(traj: Trajectory, points: int, after: int = 0, by: str = "state_key") -> list[int]:
-    """The turns of ``traj`` worth branching at, at most ``points`` of them, none before ``after``.
+def reply_certainty(traj: Trajectory, j: int) -> float:
+    """How sure the policy was of turn ``j``'s reply: the lowest raw log-prob recorded for any of its
+    sampled tokens (0.0, sure, for a turn without a record or without log-probs)."""
+    span = traj.turns[j].span
+    if traj.record is None or span is None or span[0] == span[1]:
+        return 0.0
+    lowest = min(traj.record.logprobs[span[0]:span[1]])
+    return 0.0 if math.isnan(lowest) else lowest
+
+
+def branch_points(traj: Trajectory, points: int, after: int = 0, by: str = "state_key",
+                  pick: str = "latest") -> list[int]:
+    """The turns of ``traj`` worth branching at, at most ``points`` of them, none before ``after``,
+    the latest first.
 
     The episode's states are ``visit_keys(traj, by)``. The first turn that leads back to a state
     already visited (a loop, or a refused action that changed nothing) is where the episode went
-    wrong, or the turn after the mistake: the branch points are that turn and the ones before it,
-    the latest first. Without a return (or without keys), the last turns.
+    wrong, or the turn after the mistake: the candidates are that turn and the ones before it
+    (without a return, or without keys, every turn). ``pick="latest"`` takes the last candidates;
+    ``pick="uncertain"`` the ones whose reply the policy was least sure of (``reply_certainty``;
+    ties go to the later turn).
     """
+    if pick not in BRANCH_PICK:
+        raise ValueError(f"branch_pick must be one of {BRANCH_PICK}, got {pick!r}")
     n = len(traj.turns)
     keys = visit_keys(traj, by)
     end = n
     if None not in keys:
         end = next((k for k in range(1, len(keys)) if keys[k] in keys[:k]), n)  # turn end-1 returned
-    return list(range(end - 1, max(after, end - points) - 1, -1))
+    if pick == "latest":
+        return list(range(end - 1, max(after, end - points) - 1, -1))
+    least_sure = sorted(range(after, end), key=lambda j: (reply_certainty(traj, j), -j))[:points]
+    return sorted(least_sure, reverse=True)
 
 
 def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, Trajectory]], *,
                   stops: Sequence[str] = (), points: int = 2, width: int = 3, depth: int = 1,
                   max_new_tokens: int = 64, num_envs: int = 32, workers: bool | str = False,
-                  pools: Any = None, by: str = "state_key", progress: bool | str = False,
+                  pools: Any = None, by: str = "state_key", pick: str = "latest", progress: bool | str = False,
                   from_wins: bool = False) -> list[Trajectory]:
     """Branches of the failed ``roots``, searched ``depth`` levels deep.
 
@@ -93,6 +117,7 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
         width: Alternatives per branch point. depth: Search levels.
         max_new_tokens, num_envs, workers, pools: As when sampling / for ``rollout``.
         by: How branch points see a return to an earlier state (``visit_keys``).
+        pick: Which turns before it are branched (``branch_points``): the latest, or the least certain.
         progress: A progress bar per search level (a string names it).
         from_wins: Also branch the won roots (at their last turns: nothing came back) and keep
             searching a task after a branch of it won. A search for successes does not need this;
@@ -114,7 +139,7 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
     level = [(s, t, 0, i) for i, (s, t) in enumerate(roots) if from_wins or not t.success]  # (spec, episode, after, index)
     for level_no in range(depth):
         at = [(spec, traj, j, node) for spec, traj, after, node in level if traj.task_id not in solved
-              for j in branch_points(traj, points, after, by)]
+              for j in branch_points(traj, points, after, by, pick)]
         name = f"{progress if isinstance(progress, str) else 'search'} {level_no + 1}/{depth}"
         alts = _alternatives(policy, at, width, stops, max_new_tokens, f"{name} runner-ups" if progress else None)
         for _, traj, _, _ in level:
@@ -206,12 +231,12 @@ class Tree:
 
 def tree_rollout(policy: Policy, make_env: Any, specs: list[EpisodeSpec], *, stops: Sequence[str] = (),
                  points: int = 2, width: int = 3, depth: int = 1, max_new_tokens: int = 64, num_envs: int = 32,
-                 workers: bool | str = False, pools: Any = None, by: str = "observation",
+                 workers: bool | str = False, pools: Any = None, by: str = "observation", pick: str = "latest",
                  roots: list[Trajectory] | None = None, from_wins: bool = False) -> Tree:
     """Play ``specs`` greedily (the roots), then ``branch_search`` from the failed ones.
 
     Args:
-        policy, make_env, stops, points, width, depth, max_new_tokens, num_envs, workers, pools, by, from_wins:
+        policy, make_env, stops, points, width, depth, max_new_tokens, num_envs, workers, pools, by, pick, from_wins:
             As for ``branch_search``.
         specs: One greedy episode each (reset seeds fixed, so every replay is exact).
         roots: The roots, already played from ``specs`` (a caller that screened them itself).
@@ -225,5 +250,5 @@ def tree_rollout(policy: Policy, make_env: Any, specs: list[EpisodeSpec], *, sto
                         num_envs=num_envs, workers=workers, progress=False, pools=pools)
     found = branch_search(policy, make_env, list(zip(specs, roots)), stops=stops, points=points, width=width,
                           depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs, workers=workers,
-                          pools=pools, by=by, from_wins=from_wins)
+                          pools=pools, by=by, pick=pick, from_wins=from_wins)
     return Tree.from_search(roots, found)

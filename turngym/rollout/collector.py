@@ -244,22 +244,22 @@ class Collector:
 
     # ----- search and demonstrations ----------------------------------------------------------------
     def branch_search(self, env: EnvTarget, roots: list[tuple[EpisodeSpec, Trajectory]], *, points: int, width: int,
-                      depth: int, max_new_tokens: int, num_envs: int, by: str = "state_key", version: Any = None,
-                      progress: bool | str = False) -> list[Trajectory]:
+                      depth: int, max_new_tokens: int, num_envs: int, by: str = "state_key", pick: str = "latest",
+                      version: Any = None, progress: bool | str = False) -> list[Trajectory]:
         """Branches of the failed ``roots`` (``branching.branch_search``), played by ``generator(version)``
         (the policy, or the vLLM engine holding its weights: its own runner-up replies either way)."""
         return branch_search(self.generator(version), env.factory(), roots, stops=list(env.info.stop_strings), points=points,
                              width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs,
-                             workers=self.workers, pools=self.pools, by=by, progress=progress)
+                             workers=self.workers, pools=self.pools, by=by, pick=pick, progress=progress)
 
     def tree_rollout(self, env: EnvTarget, specs: list[EpisodeSpec], *, roots: list[Trajectory] | None = None,
                      points: int, width: int, depth: int, max_new_tokens: int, num_envs: int,
-                     by: str = "observation", from_wins: bool = False) -> Tree:
+                     by: str = "observation", pick: str = "latest", from_wins: bool = False) -> Tree:
         """Greedy roots on ``specs`` (or the given ``roots``), then branch search from the failed ones
         (``from_wins``: from every root; ``branching.tree_rollout``), played by the policy itself."""
         return tree_rollout(self.policy, env.factory(), specs, stops=list(env.info.stop_strings), points=points,
                             width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs,
-                            workers=self.workers, pools=self.pools, by=by, roots=roots,
+                            workers=self.workers, pools=self.pools, by=by, pick=pick, roots=roots,
                             from_wins=from_wins)
 
     def demonstrations(self, env: EnvTarget, episodes: int, seed: int = 0, demo_seed: int = -1,

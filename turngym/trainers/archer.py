@@ -117,7 +117,7 @@ from turngym.config import knob
 from turngym.rewards import reward_stats
 from turngym.rewards.format import action_status
 from turngym.rollout import EpisodeSpec, env_info
-from turngym.rollout.branching import BRANCH_BY, Tree
+from turngym.rollout.branching import BRANCH_BY, BRANCH_PICK, Tree
 from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
@@ -144,6 +144,8 @@ class ArcherConfig(OnlineConfig):
     branch_depth: int = knob(2, "tree: search levels (failed branches are branched again after their branch turn)")
     branch_by: str = knob("observation", "tree: how a branch point sees a return: observation (what the agent was "
                                          "shown) | state_key (the env's privileged world-state key)")
+    branch_pick: str = knob("latest", "tree: which turns before that return to branch at: latest | uncertain (where "
+                                      "the policy was least sure of its reply: its runner-ups there are near misses)")
     branch_wins: bool = knob(False, "tree: also branch the won roots, and go on searching a task after a branch won: "
                                     "more sibling pairs that earned differently, for the critic (the search then "
                                     "costs more)")
@@ -212,7 +214,7 @@ class ArcherConfig(OnlineConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        choices = {"collect": ("tree", "sample"), "branch_by": BRANCH_BY, "actor_loss": ("awr", "ppo"),
+        choices = {"collect": ("tree", "sample"), "branch_by": BRANCH_BY, "branch_pick": BRANCH_PICK, "actor_loss": ("awr", "ppo"),
                    "advantage": ("q_minus_v", "td", "gae"), "advantage_timing": ("before", "after"),
                    "v_target": ("policy_action", "buffer_action", "fresh_action"), "sil_baseline": ("critic", "zero")}
         for name, allowed in choices.items():
@@ -458,7 +460,7 @@ class ArcherTrainer(OnlineTrainer):
         tree = self.collector.tree_rollout(self.env, specs, roots=roots, points=cfg.branch_points,
                                            width=cfg.branch_width, depth=cfg.branch_depth,
                                            max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, by=cfg.branch_by,
-                                           from_wins=cfg.branch_wins)
+                                           pick=cfg.branch_pick, from_wins=cfg.branch_wins)
         branches = tree.episodes[len(roots):]
         failed = {r.task_id for r in roots if not r.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(branches)),

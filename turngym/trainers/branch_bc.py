@@ -38,7 +38,7 @@ from turngym.clock import CLOCK, bar
 from turngym.config import knob
 from turngym.rewards.format import action_status
 from turngym.rollout import Collector, EnvTarget, EpisodeSpec
-from turngym.rollout.branching import BRANCH_BY
+from turngym.rollout.branching import BRANCH_BY, BRANCH_PICK
 from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_optimizer, autocast, frozen_copy, prepare_trainable, use_bf16
@@ -73,6 +73,8 @@ class BranchBCConfig:
     branch_depth: int = knob(2, "search levels: failed branches are branched again after their branch turn")
     branch_by: str = knob("state_key", "how a branch point sees a return to an earlier state: observation (what the "
                                        "agent was shown) | state_key (the env's privileged world-state key)")
+    branch_pick: str = knob("latest", "which turns before that return to branch at: latest | uncertain (where the "
+                                      "policy was least sure of its reply: its runner-ups there are near misses)")
     clone_greedy: bool = knob(False, "remember the screen's greedy successes too (else only what the search found)")
     memory: bool = knob(True, "keep each task's best success across iterations and clone all of them every "
                               "iteration (False: only this iteration's)")
@@ -99,6 +101,8 @@ class BranchBCConfig:
             raise ValueError("iterations must be >= 0, episodes_per_iter and num_envs >= 1")
         if self.branch_by not in BRANCH_BY:
             raise ValueError(f"branch_by must be one of {BRANCH_BY}, got {self.branch_by!r}")
+        if self.branch_pick not in BRANCH_PICK:
+            raise ValueError(f"branch_pick must be one of {BRANCH_PICK}, got {self.branch_pick!r}")
         if min(self.branch_points, self.branch_width, self.branch_depth) < 1:
             raise ValueError("branch_points, branch_width and branch_depth must be >= 1")
         if min(self.expert_replay, self.max_state_visits, self.actor_warmup_steps, self.micro_batch_size) < 0:
@@ -198,7 +202,7 @@ class BranchBCTrainer(IterativeTrainer):
             found = self.collector.branch_search(self.env, list(zip(specs, roots)), points=cfg.branch_points,
                                                  width=cfg.branch_width, depth=cfg.branch_depth,
                                                  max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs,
-                                                 by=cfg.branch_by, version=self.iteration,
+                                                 by=cfg.branch_by, pick=cfg.branch_pick, version=self.iteration,
                                                  progress=self.progress and "search")
         failed = {r.task_id for r in roots if not r.success}
         solved = {t.task_id for t in found if t.success}
