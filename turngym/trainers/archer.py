@@ -72,7 +72,9 @@ Where this departs from the paper, and why:
   (``sil_baseline=zero``: every win cloned at weight R) seed 2 reached 61.7% against 53.9% from the same
   weights, +7.8 (-0.8 to +16.4): V's share of that lead is not measurably above 0 (#sil-baseline).
   Over 3 seeds from one machine's weights, that V-free arm led branch BC by 5.7 (+0.3 to +11.5;
-  seed-level t -6.0 to +17.4) with more search and train time (#sil-v0-three-seeds).
+  seed-level t -6.0 to +17.4) with more search and train time (#sil-v0-three-seeds). Branch BC that also
+  clones the screen's greedy wins (``clone_greedy``) led that arm by 7.3 (+1.8 to +12.8) in a fifth of
+  its time (#clone-greedy-search): its lead was the cloning of its own wins, not the critic.
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
