@@ -64,10 +64,10 @@ def reply_certainty(traj: Trajectory, j: int) -> float:
     """How sure the policy was of turn ``j``'s reply: the lowest raw log-prob recorded for any of its
     sampled tokens (0.0, sure, for a turn without a record or without log-probs)."""
     span = traj.turns[j].span
-    if traj.record is None or span is None or span[0] == span[1]:
+    if traj.record is None or span is None:
         return 0.0
-    lowest = min(traj.record.logprobs[span[0]:span[1]])
-    return 0.0 if math.isnan(lowest) else lowest
+    known = [x for x in traj.record.logprobs[span[0]:span[1]] if not math.isnan(x)]
+    return min(known, default=0.0)
 
 
 def branch_points(traj: Trajectory, points: int, after: int = 0, by: str = "state_key",
