@@ -28,6 +28,7 @@ from turngym.rollout import EnvPools, EnvTarget, EpisodeSpec, env_info, rollout
 from turngym.rollout.branching import BRANCH_BY, BRANCH_PICK, branch_points, branch_search
 from turngym.rollout.episode import branch_of, moved
 from turngym.train import TrainConfig, load_policy
+from turngym.trainers.branch_bc import better
 
 
 def sampled_search(policy, make_env, roots, temperature, points, width, pools):
@@ -65,7 +66,7 @@ def walkthrough_lengths(env_id: str, kw: dict, task_ids: list[str]) -> dict[str,
 def report(name: str, found: list, failed: list, walk: dict[str, int], seconds: float) -> dict:
     best = {}
     for t in found:
-        if t.success and (t.task_id not in best or len(t.turns) < len(best[t.task_id].turns)):
+        if t.success and better(best.get(t.task_id), t):  # branch BC's choice of a task's clone
             best[t.task_id] = t
     row = {"rule": name, "branches": len(found), "env_steps": sum(len(t.turns) for t in found),
            "seconds": round(seconds, 1), "failed": len(failed), "solved": len(best)}
