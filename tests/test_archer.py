@@ -21,9 +21,10 @@ from turngym.trainers import functional as Fn
 from turngym.trainers.actor import frozen_copy, reference_pass
 from turngym.trainers.archer import (ArcherConfig, ArcherTrainer, ReplayBuffer, UtteranceCritic, make_target,
                                      policy_action_rows, td_loss)
+from turngym.rollout.branching import keep_top
 from turngym.trainers.critic_encoder import TrunkTopEncoder
 from turngym.trainers.sequences import pack_batch
-from turngym.types import TokenRecord, Trajectory, Turn
+from turngym.types import TokenRecord, Trajectory, Turn, Utterance
 
 ENV = "tests/Guess-v0"
 
@@ -609,6 +610,51 @@ def test_clone_wins_keeps_each_tasks_best_branch_success_and_clones_it_with_a_cl
     assert {k: v.to_dict() for k, v in twin.best.items()} == {k: v.to_dict() for k, v in trainer.best.items()}
     with pytest.raises(ValueError, match="clone_wins"):
         _tree_cfg(clone_wins=True, actor_loss="ppo")
+
+
+def test_clone_greedy_remembers_the_screens_own_wins(tiny_tokenizer, tmp_path):
+    from turngym.rollout.branching import Tree
+
+    won_root = Trajectory("3", [Turn("3")], outcome=1.0)
+    won_branch = Trajectory("5", [Turn("1"), Turn("5")], outcome=1.0)
+    tree = Tree([won_root, Trajectory("5", [Turn("1")]), won_branch], [-1, -1, 1], [0, 0, 1])
+    for greedy, kept in ((False, {"5"}), (True, {"3", "5"})):
+        trainer = _tree_trainer(tiny_tokenizer, tmp_path / str(greedy), clone_wins=True, clone_greedy=greedy)
+        trainer._remember_best(tree)
+        assert set(trainer.best) == kept
+    with pytest.raises(ValueError, match="clone_wins"):
+        _tree_cfg(clone_greedy=True)
+
+
+def test_critic_ranked_search_plays_the_replies_the_critic_rates_highest(tiny_tokenizer, tmp_path, monkeypatch):
+    trainer = _tree_trainer(tiny_tokenizer, tmp_path, branch_rank="critic", branch_width=2, branch_pool=8,
+                            iterations=2)
+    trainer.setup()
+    seen = _keep_trees(trainer, monkeypatch)
+    calls, rank = [], trainer._rank_replies
+    monkeypatch.setattr(trainer, "_rank_replies", lambda p, r: calls.append((p, r, rank(p, r))) or calls[-1][2])
+    first = trainer.step()
+    assert first["search/critic_ranked"] == 0.0 and not calls  # no critic fitted yet: the policy's order
+    second = trainer.step()
+    assert second["search/critic_ranked"] == 1.0 and calls
+    tree = seen["tree"]
+    points, replies, scores = calls[0]
+    assert all(len(us) == 8 for us in replies) and all(math.isfinite(x) for xs in scores for x in xs)
+    for (traj, j), us, xs in zip(points, replies, scores):  # the two rated highest were played there
+        node = next(i for i, e in enumerate(tree.episodes) if e is traj)
+        played = {tree.episodes[i].turns[j].action_text for i in range(len(tree.episodes))
+                  if tree.parent[i] == node and tree.branch_turn[i] == j}
+        assert played == {u.text for u in keep_top(us, xs, 2)}
+    # a candidate's score is min(Q1, Q2) of that reply as the critic reads it inside a played episode
+    i = next(i for i, p in enumerate(tree.parent) if p >= 0)
+    parent, j = tree.episodes[tree.parent[i]], tree.branch_turn[i]
+    enc = trainer._encode([tree.episodes[i]])
+    k = enc.refs.index((0, j))
+    _, q = trainer._advantages(enc.s, enc.sa, torch.zeros(len(enc.refs)), torch.ones(len(enc.refs)), enc.s)
+    reply = Utterance(tree.episodes[i].turns[j].action_text, tree.episodes[i].action_ids(j), [])
+    assert rank([(parent, j)], [[reply]])[0][0] == pytest.approx(float(q[k]), abs=1e-4)
+    with pytest.raises(ValueError, match="branch_pool"):
+        _tree_cfg(branch_rank="critic", branch_width=8, branch_pool=8)
 
 
 def test_self_imitation_is_off_by_default_and_needs_awr(tiny_tokenizer, tmp_path):

@@ -16,8 +16,8 @@ from turngym.agents.hf import HFPolicy
 from turngym.agents.kvcache import common_prefix
 from turngym.agents.sampling import decision_position, runner_up_heads
 from turngym.rollout import EpisodeSpec, make_env_factory, rollout
-from turngym.rollout.branching import (Tree, branch_points, branch_search, observation_key, reply_certainty, tree_rollout,
-                                       visit_keys)
+from turngym.rollout.branching import (Tree, branch_points, branch_search, keep_top, observation_key, reply_certainty,
+                                       tree_rollout, visit_keys)
 from turngym.rollout.episode import branch_of
 from turngym.trainers.branch_bc import BranchBCConfig, BranchBCTrainer, better
 from turngym.types import Message, TokenRecord, Trajectory, Turn, Utterance
@@ -219,6 +219,33 @@ def test_branch_search_returns_whole_episodes_that_leave_their_root_once(tiny_to
     assert group[0] == (0, j) and len(group) == 1 + len(found)
     with pytest.raises(ValueError, match="alternative"):
         branch_search(object(), make_env_factory(ENV, **TEXT), [(spec, root)])
+
+
+def test_keep_top_by_hand():
+    assert keep_top(["a", "b", "c", "d"], [0.1, 0.9, 0.5, 0.9], 2) == ["b", "d"]  # a tie keeps the policy's order
+    assert keep_top(["a", "b"], [0.3, -1.0], 5) == ["a", "b"]
+    with pytest.raises(ValueError, match="scores"):
+        keep_top(["a", "b"], [0.3], 1)
+
+
+def test_a_ranker_chooses_which_runner_ups_are_played(tiny_tokenizer):
+    policy = _EveryGuess(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+    spec, root = _played(policy, task="4")
+    make = make_env_factory(ENV, **TEXT)
+    seen = []
+
+    def prefers_four(points, replies):  # a value estimate that knows the answer
+        seen.append((points, replies))
+        return [[1.0 if u.text == "4" else 0.0 for u in us] for us in replies]
+
+    search = lambda **kw: branch_search(policy, make, [(spec, root)], points=1, width=1, max_new_tokens=6, **kw)
+    plain, ranked = search(), search(rank=prefers_four, pool=8)
+    assert [t.turns[t.metadata["branch_turn"]].action_text for t in plain] == ["1"]  # the policy's first runner-up
+    assert [t.turns[t.metadata["branch_turn"]].action_text for t in ranked] == ["4"] and ranked[0].success
+    ((points, replies),) = seen  # one call per search level: every point with its whole pool
+    assert points == [(root, branch_points(root, 1)[0])] and [len(us) for us in replies] == [8]
+    with pytest.raises(ValueError, match="pool"):
+        search(rank=prefers_four, pool=1)
 
 
 def test_from_wins_branches_won_roots_and_searches_on_after_a_success(tiny_tokenizer):

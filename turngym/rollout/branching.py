@@ -15,6 +15,9 @@ where it had been: by default as the agent saw it (an observation it had already
 turns before that return, ``pick="latest"`` (the default) takes the last ones; ``pick="uncertain"``
 the ones where the policy was least sure of its own reply (the lowest recorded log-prob of any of the
 reply's tokens): there its runner-ups are replies it nearly gave, not forced ones it gave p ~ 0.003.
+Which runner-ups are played is the policy's order by default; a ``rank`` callable (a learner's
+critic, say: ``ArcherConfig.branch_rank``) can instead score a larger ``pool`` of them and keep the
+``width`` it rates highest, so a value estimate steers the search while the env still decides what won.
 
     tree = tree_rollout(policy, make_env, specs, stops=["</act>"])   # greedy roots, then the search
     tree.episodes, tree.parent, tree.branch_turn, tree.sibling_groups()
@@ -31,16 +34,17 @@ import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from turngym.agents.base import Policy, SamplingParams
 from turngym.clock import CLOCK, bar
 from turngym.rollout.episode import EpisodeSpec
 from turngym.rollout.sync import rollout
-from turngym.types import Message, Trajectory
+from turngym.types import Message, Trajectory, Utterance
 
 BRANCH_BY = ("observation", "state_key")
 BRANCH_PICK = ("latest", "uncertain")
+ReplyRanker = Callable[[list[tuple[Trajectory, int]], list[list[Utterance]]], list[list[float]]]
 
 
 def observation_key(messages: Sequence[Message]) -> str:
@@ -99,7 +103,7 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
                   stops: Sequence[str] = (), points: int = 2, width: int = 3, depth: int = 1,
                   max_new_tokens: int = 64, num_envs: int = 32, workers: bool | str = False,
                   pools: Any = None, by: str = "state_key", pick: str = "latest", progress: bool | str = False,
-                  from_wins: bool = False) -> list[Trajectory]:
+                  from_wins: bool = False, rank: ReplyRanker | None = None, pool: int = 0) -> list[Trajectory]:
     """Branches of the failed ``roots``, searched ``depth`` levels deep.
 
     At each branch point (``branch_points``) the policy's ``width`` runner-up replies
@@ -123,6 +127,11 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
             searching a task after a branch of it won. A search for successes does not need this;
             a critic learning Q(s, a) - V(s) does: a won root's runner-ups are mostly replies that
             lose, and a pair that earned differently at one state is the contrast it learns from.
+        rank: Scores replies: ``rank(points, replies)``, ``points`` a list of ``(episode, turn)`` and
+            ``replies`` the candidate utterances at each, returns a score per candidate (higher is
+            played first). With it, ``pool`` (> ``width``) runner-ups are proposed per point and the
+            ``width`` best scored are played (``keep_top``). None: the policy's first ``width``.
+        pool: Runner-ups proposed per point for ``rank`` to choose from.
 
     Returns:
         Every finished branch (each a whole episode, with ``metadata["branch_turn"]`` and
@@ -133,6 +142,8 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
     """
     if not hasattr(policy, "alternatives"):
         raise ValueError(f"{type(policy).__name__} cannot propose alternative replies; branching needs an HFPolicy")
+    if rank is not None and pool <= width:
+        raise ValueError(f"ranking replies needs a pool larger than the width ({width}), got {pool}")
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     found: list[Trajectory] = []
     solved = set() if from_wins else {t.task_id for _, t in roots if t.success}
@@ -141,7 +152,10 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
         at = [(spec, traj, j, node) for spec, traj, after, node in level if traj.task_id not in solved
               for j in branch_points(traj, points, after, by, pick)]
         name = f"{progress if isinstance(progress, str) else 'search'} {level_no + 1}/{depth}"
-        alts = _alternatives(policy, at, width, stops, max_new_tokens, f"{name} runner-ups" if progress else None)
+        alts = _alternatives(policy, at, pool if rank else width, stops, max_new_tokens,
+                             f"{name} runner-ups" if progress else None)
+        if rank is not None and at:
+            alts = [keep_top(r, sc, width) for r, sc in zip(alts, rank([(t, j) for _, t, j, _ in at], alts))]
         for _, traj, _, _ in level:
             traj.cache = None  # also the episodes with no branch point left: nothing scores from them now
         again = level_no + 1 < depth  # a failed branch is branched again: it keeps its cache where its root did
@@ -165,6 +179,14 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
             solved |= {t.task_id for _, t, _ in kept if t.success}
         level = [(s, t, t.metadata["branch_turn"] + 1, node) for s, t, node in kept if not t.success]
     return found
+
+
+def keep_top(replies: list, scores: Sequence[float], width: int) -> list:
+    """The ``width`` replies with the highest scores, in that order (ties keep the policy's order)."""
+    if len(scores) != len(replies):
+        raise ValueError(f"a ranker gave {len(scores)} scores for {len(replies)} replies")
+    order = sorted(range(len(replies)), key=lambda i: -float(scores[i]))
+    return [replies[i] for i in order[:width]]
 
 
 def _alternatives(policy: Policy, at: list, width: int, stops: Sequence[str], max_new_tokens: int,
@@ -232,11 +254,13 @@ class Tree:
 def tree_rollout(policy: Policy, make_env: Any, specs: list[EpisodeSpec], *, stops: Sequence[str] = (),
                  points: int = 2, width: int = 3, depth: int = 1, max_new_tokens: int = 64, num_envs: int = 32,
                  workers: bool | str = False, pools: Any = None, by: str = "observation", pick: str = "latest",
-                 roots: list[Trajectory] | None = None, from_wins: bool = False) -> Tree:
+                 roots: list[Trajectory] | None = None, from_wins: bool = False, rank: ReplyRanker | None = None,
+                 pool: int = 0) -> Tree:
     """Play ``specs`` greedily (the roots), then ``branch_search`` from the failed ones.
 
     Args:
-        policy, make_env, stops, points, width, depth, max_new_tokens, num_envs, workers, pools, by, pick, from_wins:
+        policy, make_env, stops, points, width, depth, max_new_tokens, num_envs, workers, pools, by, pick, from_wins,
+        rank, pool:
             As for ``branch_search``.
         specs: One greedy episode each (reset seeds fixed, so every replay is exact).
         roots: The roots, already played from ``specs`` (a caller that screened them itself).
@@ -250,5 +274,5 @@ def tree_rollout(policy: Policy, make_env: Any, specs: list[EpisodeSpec], *, sto
                         num_envs=num_envs, workers=workers, progress=False, pools=pools)
     found = branch_search(policy, make_env, list(zip(specs, roots)), stops=stops, points=points, width=width,
                           depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs, workers=workers,
-                          pools=pools, by=by, pick=pick, from_wins=from_wins)
+                          pools=pools, by=by, pick=pick, from_wins=from_wins, rank=rank, pool=pool)
     return Tree.from_search(roots, found)

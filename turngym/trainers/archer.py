@@ -148,6 +148,11 @@ class ArcherConfig(OnlineConfig):
                                          "shown) | state_key (the env's privileged world-state key)")
     branch_pick: str = knob("latest", "tree: which turns before that return to branch at: latest | uncertain (where "
                                       "the policy was least sure of its reply: its runner-ups there are near misses)")
+    branch_rank: str = knob("policy", "tree: which runner-ups each branch point plays: policy (its branch_width most likely) "
+                                      "| critic (branch_pool of them, the branch_width with the highest min(Q1, Q2)(s, a) "
+                                      "under the critic of the iterations before; the first iteration, with no critic "
+                                      "fitted yet, plays the policy's)")
+    branch_pool: int = knob(8, "tree, branch_rank=critic: runner-ups proposed per branch point for the critic to choose from")
     branch_wins: bool = knob(False, "tree: also branch the won roots, and go on searching a task after a branch won: "
                                     "more sibling pairs that earned differently, for the critic (the search then "
                                     "costs more)")
@@ -176,6 +181,8 @@ class ArcherConfig(OnlineConfig):
     clone_wins: bool = knob(False, "awr: the actor also clones, at weight 1 on valid turns, each training task's best "
                                    "success the search found (highest return, then fewest turns; kept across "
                                    "iterations): branch BC's update, so the critic's AWR is measured as an addition to it")
+    clone_greedy: bool = knob(False, "clone_wins: the screen's greedy wins are remembered too, as branch BC's clone_greedy "
+                                     "(else only what the search found)")
     expert_replay: int = knob(0, "the oracle's episodes on N training tasks (the SFT stage's demonstrations) join every "
                                  "actor update with weight 1; 0 = off")
     critic_holdout: float = knob(0.125, "share of the training tasks whose turns the critic never trains on: their "
@@ -218,7 +225,8 @@ class ArcherConfig(OnlineConfig):
         super().__post_init__()
         choices = {"collect": ("tree", "sample"), "branch_by": BRANCH_BY, "branch_pick": BRANCH_PICK, "actor_loss": ("awr", "ppo"),
                    "advantage": ("q_minus_v", "td", "gae"), "advantage_timing": ("before", "after"),
-                   "v_target": ("policy_action", "buffer_action", "fresh_action"), "sil_baseline": ("critic", "zero")}
+                   "v_target": ("policy_action", "buffer_action", "fresh_action"), "sil_baseline": ("critic", "zero"),
+                   "branch_rank": ("policy", "critic")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -248,6 +256,11 @@ class ArcherConfig(OnlineConfig):
             raise ValueError(f"self_imitation must be >= 0, and is for actor_loss=awr (got {self.self_imitation})")
         if self.clone_wins and self.actor_loss != "awr":
             raise ValueError("clone_wins is for actor_loss=awr")
+        if self.clone_greedy and not self.clone_wins:
+            raise ValueError("clone_greedy adds the greedy wins to clone_wins' memory: set clone_wins=true")
+        if self.branch_rank == "critic" and self.branch_pool <= self.branch_width:
+            raise ValueError(f"branch_rank=critic chooses branch_width of branch_pool runner-ups: branch_pool must be "
+                             f"> branch_width ({self.branch_width}), got {self.branch_pool}")
         if self.collect == "tree":
             if self.group_size != 1 or self.async_staleness >= 0 or self.rollout_engine == "vllm" or self.sharding != "none":
                 raise ValueError("collect=tree screens each task once and branches with the HF policy in one process "
@@ -459,11 +472,15 @@ class ArcherTrainer(OnlineTrainer):
         self.screened.update({t: self.iteration for t in tasks})
         self.tasks.record_screen(roots)
         t0 = time.perf_counter()
+        ranked = cfg.branch_rank == "critic" and self.critic_steps > 0  # a critic fitted on earlier trees
         tree = self.collector.tree_rollout(self.env, specs, roots=roots, points=cfg.branch_points,
                                            width=cfg.branch_width, depth=cfg.branch_depth,
                                            max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, by=cfg.branch_by,
-                                           pick=cfg.branch_pick, from_wins=cfg.branch_wins)
+                                           pick=cfg.branch_pick, from_wins=cfg.branch_wins,
+                                           rank=self._rank_replies if ranked else None,
+                                           pool=cfg.branch_pool if ranked else 0)
         branches = tree.episodes[len(roots):]
+        metrics["search/critic_ranked"] = float(ranked)
         failed = {r.task_id for r in roots if not r.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(branches)),
                         "search/failed_tasks": float(len(failed)),
@@ -471,6 +488,28 @@ class ArcherTrainer(OnlineTrainer):
                         "search/sibling_groups": float(len(tree.sibling_groups()))})
         metrics["rollout/env_steps"] += sum(len(b.turns) for b in branches)  # replayed turns step the env too
         return tree, metrics
+
+    @torch.no_grad()
+    def _rank_replies(self, points: list[tuple[Trajectory, int]], replies: list[list[Any]]) -> list[list[float]]:
+        """min(Q1, Q2)(s, a) of each candidate reply a at each branch point s (episode, turn) under the
+        current critic: each candidate is encoded as a branch of the episode's record (its prompt,
+        then the candidate's ids), as V's fresh actions are."""
+        flat = [(traj, j, u) for (traj, j), us in zip(points, replies) for u in us if u.action_ids]
+        scores: list[float] = []
+        for i in range(0, len(flat), self.cfg.num_envs):
+            chunk = flat[i : i + self.cfg.num_envs]
+            if self._hidden:
+                branches = [traj.record.branch(traj.turns[j].span[0], list(u.action_ids)) for traj, j, u in chunk]
+                batch = pack_records([(rec, [(0, span)]) for rec, span in branches], self.policy.pad_id)
+                hidden = reference_pass(self.ref, batch, True, self.cfg.autocast, self._hidden_layer)[1]
+                s, sa = self._features(batch, hidden, [])
+            else:
+                alt = [Trajectory(traj.task_id, turns=[*traj.turns[:j], Turn(u.text)],
+                                  initial_observation=traj.initial_observation) for traj, j, u in chunk]
+                s, sa = self.encoder.turn_features(alt, [(k, j) for k, (_, j, _) in enumerate(chunk)])
+            scores += Fn.double_q_min(*self.critic.q_values(self.critic.encode(s), sa)).tolist()
+        it = iter(scores)
+        return [[next(it) if u.action_ids else -math.inf for u in us] for us in replies]
 
     def _collect_sampled(self) -> tuple[Tree, dict[str, float]]:
         specs = self.schedule(self.cfg.episodes_per_iter, self.cfg.group_size)
@@ -656,11 +695,12 @@ class ArcherTrainer(OnlineTrainer):
         del self.wins[: max(0, len(self.wins) - self.cfg.actor_memory)]
 
     def _remember_best(self, tree: Tree) -> None:
-        """Keep each task's best success among the search's branches (branch BC's memory)."""
+        """Keep each task's best success among the search's branches (with ``clone_greedy``, its
+        greedy roots too: branch BC's memory)."""
         if not self.cfg.clone_wins:
             return
         for ep, parent in zip(tree.episodes, tree.parent):
-            if parent >= 0 and ep.success and better(self.best.get(ep.task_id), ep):
+            if (parent >= 0 or self.cfg.clone_greedy) and ep.success and better(self.best.get(ep.task_id), ep):
                 self.best[ep.task_id] = ep
 
     def _clone_rows(self) -> tuple[list[Trajectory], list[float]]:
