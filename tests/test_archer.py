@@ -637,6 +637,9 @@ def test_critic_ranked_search_plays_the_replies_the_critic_rates_highest(tiny_to
     assert first["search/critic_ranked"] == 0.0 and not calls  # no critic fitted yet: the policy's order
     second = trainer.step()
     assert second["search/critic_ranked"] == 1.0 and calls
+    assert second["search/ranked_points"] == sum(len(p) for p, _, _ in calls)
+    off = sum(i >= 2 for _, _, xs in calls for x in xs for i in sorted(range(8), key=lambda i: -x[i])[:2])
+    assert second["search/ranked_off_policy"] == off
     tree = seen["tree"]
     points, replies, scores = calls[0]
     assert all(len(us) == 8 for us in replies) and all(math.isfinite(x) for xs in scores for x in xs)

@@ -367,6 +367,7 @@ class ArcherTrainer(OnlineTrainer):
         self.screened: dict[str, int] = {}  # task -> the iteration it was last screened in
         self.heldout: dict[str, torch.Tensor] = {}  # sibling pairs of the held-out tasks: s, sa, value, group
         self.experts: list[Trajectory] = []
+        self._rank_stats: dict[str, float] = {}  # branch_rank=critic: this iteration's points, and replies moved
 
     # ----- setup ---------------------------------------------------------------------------
     def needs_reference(self) -> bool:
@@ -473,6 +474,7 @@ class ArcherTrainer(OnlineTrainer):
         self.tasks.record_screen(roots)
         t0 = time.perf_counter()
         ranked = cfg.branch_rank == "critic" and self.critic_steps > 0  # a critic fitted on earlier trees
+        self._rank_stats = {}
         tree = self.collector.tree_rollout(self.env, specs, roots=roots, points=cfg.branch_points,
                                            width=cfg.branch_width, depth=cfg.branch_depth,
                                            max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, by=cfg.branch_by,
@@ -481,6 +483,8 @@ class ArcherTrainer(OnlineTrainer):
                                            pool=cfg.branch_pool if ranked else 0)
         branches = tree.episodes[len(roots):]
         metrics["search/critic_ranked"] = float(ranked)
+        if ranked:  # replies played that the policy's own order (its first branch_width) would not have played
+            metrics.update(self._rank_stats)
         failed = {r.task_id for r in roots if not r.success}
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(branches)),
                         "search/failed_tasks": float(len(failed)),
@@ -509,7 +513,13 @@ class ArcherTrainer(OnlineTrainer):
                 s, sa = self.encoder.turn_features(alt, [(k, j) for k, (_, j, _) in enumerate(chunk)])
             scores += Fn.double_q_min(*self.critic.q_values(self.critic.encode(s), sa)).tolist()
         it = iter(scores)
-        return [[next(it) if u.action_ids else -math.inf for u in us] for us in replies]
+        out = [[next(it) if u.action_ids else -math.inf for u in us] for us in replies]
+        width = self.cfg.branch_width  # how far the critic moved the search off the policy's own order
+        chosen = [i for xs in out for i in sorted(range(len(xs)), key=lambda i: -xs[i])[:width]]
+        stats = self._rank_stats
+        stats["search/ranked_points"] = stats.get("search/ranked_points", 0.0) + len(out)
+        stats["search/ranked_off_policy"] = stats.get("search/ranked_off_policy", 0.0) + sum(i >= width for i in chosen)
+        return out
 
     def _collect_sampled(self) -> tuple[Tree, dict[str, float]]:
         specs = self.schedule(self.cfg.episodes_per_iter, self.cfg.group_size)
