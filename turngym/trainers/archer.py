@@ -75,6 +75,12 @@ Where this departs from the paper, and why:
   seed-level t -6.0 to +17.4) with more search and train time (#sil-v0-three-seeds). Branch BC that also
   clones the screen's greedy wins (``clone_greedy``) led that arm by 7.3 (+1.8 to +12.8) in a fifth of
   its time (#clone-greedy-search): its lead was the cloning of its own wins, not the critic.
+- ``branch_rank=critic`` (off by default; not in the paper) uses the critic in the search instead of
+  in the actor: of ``branch_pool`` runner-ups at a branch point it plays the ``branch_width`` with the
+  highest min(Q1, Q2). With branch BC's clones as the actor and the gate shut, on multi-hop search
+  (seed 0) it was level with branch BC + greedy wins (+0.8, -7.0 to +8.6), its ranked round solved
+  4 of 33 failed tasks (branch BC: 7 of 39), and the candidates' encoding made that search 13x
+  slower (#critic-ranked-search).
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
