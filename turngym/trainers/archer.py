@@ -157,7 +157,8 @@ class ArcherConfig(OnlineConfig):
     branch_rank: str = knob("policy", "tree: which runner-ups each branch point plays: policy (its branch_width most likely) "
                                       "| critic (branch_pool of them, the branch_width with the highest min(Q1, Q2)(s, a) "
                                       "under the critic of the iterations before; the first iteration, with no critic "
-                                      "fitted yet, plays the policy's)")
+                                      "fitted yet, plays the policy's; each candidate costs a reference forward over its "
+                                      "prompt: 13x the search time on multi-hop search)")
     branch_pool: int = knob(8, "tree, branch_rank=critic: runner-ups proposed per branch point for the critic to choose from")
     branch_wins: bool = knob(False, "tree: also branch the won roots, and go on searching a task after a branch won: "
                                     "more sibling pairs that earned differently, for the critic (the search then "
