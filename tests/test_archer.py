@@ -626,9 +626,10 @@ def test_clone_greedy_remembers_the_screens_own_wins(tiny_tokenizer, tmp_path):
         _tree_cfg(clone_greedy=True)
 
 
-def test_critic_ranked_search_plays_the_replies_the_critic_rates_highest(tiny_tokenizer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("encoder", ["reference", "top:1"])  # the prompt's forward once per point / per reply
+def test_critic_ranked_search_plays_the_replies_the_critic_rates_highest(tiny_tokenizer, tmp_path, monkeypatch, encoder):
     trainer = _tree_trainer(tiny_tokenizer, tmp_path, branch_rank="critic", branch_width=2, branch_pool=8,
-                            iterations=2)
+                            iterations=2, critic_encoder=encoder, critic_window=8)
     trainer.setup()
     seen = _keep_trees(trainer, monkeypatch)
     calls, rank = [], trainer._rank_replies
@@ -656,8 +657,14 @@ def test_critic_ranked_search_plays_the_replies_the_critic_rates_highest(tiny_to
     _, q = trainer._advantages(enc.s, enc.sa, torch.zeros(len(enc.refs)), torch.ones(len(enc.refs)), enc.s)
     reply = Utterance(tree.episodes[i].turns[j].action_text, tree.episodes[i].action_ids(j), [])
     assert rank([(parent, j)], [[reply]])[0][0] == pytest.approx(float(q[k]), abs=1e-4)
+    # with a prior, the policy's own log-prob of the reply joins its Q
+    trainer.cfg.branch_rank_prior = 0.5
+    reply.logprobs = [-1.0, -3.0]
+    assert rank([(parent, j)], [[reply]])[0][0] == pytest.approx(float(q[k]) - 2.0, abs=1e-4)
     with pytest.raises(ValueError, match="branch_pool"):
         _tree_cfg(branch_rank="critic", branch_width=8, branch_pool=8)
+    with pytest.raises(ValueError, match="branch_rank_prior"):
+        _tree_cfg(branch_rank_prior=-1.0)
 
 
 def test_self_imitation_is_off_by_default_and_needs_awr(tiny_tokenizer, tmp_path):

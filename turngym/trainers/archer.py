@@ -79,8 +79,9 @@ Where this departs from the paper, and why:
   in the actor: of ``branch_pool`` runner-ups at a branch point it plays the ``branch_width`` with the
   highest min(Q1, Q2). With branch BC's clones as the actor and the gate shut, on multi-hop search
   (seed 0) it was level with branch BC + greedy wins (+0.8, -7.0 to +8.6), its ranked round solved
-  4 of 33 failed tasks (branch BC: 7 of 39), and the candidates' encoding made that search 13x
-  slower (#critic-ranked-search).
+  4 of 33 failed tasks (branch BC: 7 of 39), and that search took 13x as long, each candidate then
+  encoded with its whole prompt (#critic-ranked-search). ``branch_rank_prior`` adds the policy's own
+  log pi(a|s) to the score, so the critic reorders the replies the policy nearly chose.
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
@@ -128,10 +129,10 @@ from turngym.rollout import EpisodeSpec, env_info
 from turngym.rollout.branching import BRANCH_BY, BRANCH_PICK, Tree
 from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
-from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
+from turngym.trainers.actor import actor_update, advantage_stats, autocast, reference_pass
 from turngym.trainers.archer_critic import ReplayBuffer, UtteranceCritic, ValueHead, make_target, soft_update  # noqa: F401
 from turngym.trainers.branch_bc import better
-from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window
+from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window, shared_prompt_features
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.registry import Algorithm, register_algorithm
 from turngym.trainers.sequences import PackedBatch, pack_batch, pack_records
@@ -157,8 +158,11 @@ class ArcherConfig(OnlineConfig):
     branch_rank: str = knob("policy", "tree: which runner-ups each branch point plays: policy (its branch_width most likely) "
                                       "| critic (branch_pool of them, the branch_width with the highest min(Q1, Q2)(s, a) "
                                       "under the critic of the iterations before; the first iteration, with no critic "
-                                      "fitted yet, plays the policy's; each candidate costs a reference forward over its "
-                                      "prompt: 13x the search time on multi-hop search)")
+                                      "fitted yet, plays the policy's; the reference encoder reads each point's prompt once "
+                                      "for all its candidates, the top:K and text encoders once per candidate)")
+    branch_rank_prior: float = knob(0.0, "branch_rank=critic: the score is min(Q1, Q2)(s, a) + this x log pi(a|s), so the "
+                                         "policy's own preference counts too (awr_beta ranks by the AWR target "
+                                         "pi(a|s) exp(A / beta)); 0 = the critic alone")
     branch_pool: int = knob(8, "tree, branch_rank=critic: runner-ups proposed per branch point for the critic to choose from")
     branch_wins: bool = knob(False, "tree: also branch the won roots, and go on searching a task after a branch won: "
                                     "more sibling pairs that earned differently, for the critic (the search then "
@@ -265,6 +269,8 @@ class ArcherConfig(OnlineConfig):
             raise ValueError("clone_wins is for actor_loss=awr")
         if self.clone_greedy and not self.clone_wins:
             raise ValueError("clone_greedy adds the greedy wins to clone_wins' memory: set clone_wins=true")
+        if self.branch_rank_prior < 0:
+            raise ValueError(f"branch_rank_prior must be >= 0, got {self.branch_rank_prior}")
         if self.branch_rank == "critic" and self.branch_pool <= self.branch_width:
             raise ValueError(f"branch_rank=critic chooses branch_width of branch_pool runner-ups: branch_pool must be "
                              f"> branch_width ({self.branch_width}), got {self.branch_pool}")
@@ -505,6 +511,8 @@ class ArcherTrainer(OnlineTrainer):
         """min(Q1, Q2)(s, a) of each candidate reply a at each branch point s (episode, turn) under the
         current critic: each candidate is encoded as a branch of the episode's record (its prompt,
         then the candidate's ids), as V's fresh actions are."""
+        if self._hidden and self._hidden_layer is None:  # the reference encoder: each prompt's forward once
+            return [self._rank_at(traj, j, us) for (traj, j), us in zip(points, replies)]
         flat = [(traj, j, u) for (traj, j), us in zip(points, replies) for u in us if u.action_ids]
         scores: list[float] = []
         for i in range(0, len(flat), self.cfg.num_envs):
@@ -520,7 +528,28 @@ class ArcherTrainer(OnlineTrainer):
                 s, sa = self.encoder.turn_features(alt, [(k, j) for k, (_, j, _) in enumerate(chunk)])
             scores += Fn.double_q_min(*self.critic.q_values(self.critic.encode(s), sa)).tolist()
         it = iter(scores)
-        out = [[next(it) if u.action_ids else -math.inf for u in us] for us in replies]
+        return self._count_moved([[self._with_prior(next(it), u) if u.action_ids else -math.inf for u in us]
+                                  for us in replies])
+
+    def _rank_at(self, traj: Trajectory, j: int, replies: list[Any]) -> list[float]:
+        """``_rank_replies`` at one point, with the reference encoder: the prompt's forward once
+        (``shared_prompt_features``) under the run's autocast."""
+        ok = [u for u in replies if u.action_ids]
+        if not ok:
+            return self._count_moved([[-math.inf] * len(replies)])[0]
+        with autocast(self.ref, self.cfg.autocast):
+            s, sa = shared_prompt_features(self.ref, traj.prompt_ids(j), [list(u.action_ids) for u in ok])
+        q = Fn.double_q_min(*self.critic.q_values(self.critic.encode(s.expand_as(sa)), sa)).tolist()
+        it = iter(q)
+        return self._count_moved([[self._with_prior(next(it), u) if u.action_ids else -math.inf for u in replies]])[0]
+
+    def _with_prior(self, q: float, reply: Any) -> float:
+        """A reply's ranking score: its Q plus ``branch_rank_prior`` x its recorded log pi(a|s)."""
+        return q + self.cfg.branch_rank_prior * sum(reply.logprobs) if self.cfg.branch_rank_prior else q
+
+    def _count_moved(self, out: list[list[float]]) -> list[list[float]]:
+        """Count the points scored and the replies the critic's top ``branch_width`` takes from
+        beyond the policy's own first ``branch_width`` (``search/ranked_*``); returns ``out``."""
         width = self.cfg.branch_width  # how far the critic moved the search off the policy's own order
         chosen = [i for xs in out for i in sorted(range(len(xs)), key=lambda i: -xs[i])[:width]]
         stats = self._rank_stats

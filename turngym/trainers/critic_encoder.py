@@ -116,3 +116,23 @@ class TextFeatureEncoder:
             states.append("\n".join(lines))
             actions.append(states[-1] + f"\nassistant: {t.turns[k].action_text}")
         return self._embed(states), self._embed(actions)
+
+
+@torch.no_grad()
+def shared_prompt_features(ref: nn.Module, prompt: list[int], replies: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference encoder's phi(s) ``(H,)`` and phi(s, a) ``(n, H)`` of several replies to one
+    prompt: the prompt's forward runs once and its keys and values serve every reply (scoring each
+    reply as its own sequence repeats the whole prompt per reply). The final normed hidden states at
+    the prompt's last token and at each reply's last token, as ``sequences.score`` gives them.
+    The replies are right-padded with their own first token: under causal attention a reply's last
+    real token never sees what follows it."""
+    backbone, _ = backbone_and_head(ref)
+    device = next(ref.parameters()).device
+    out = backbone(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(len(replies))
+    lens = torch.tensor([len(r) for r in replies])
+    ids = torch.tensor([r + [r[0]] * (int(lens.max()) - len(r)) for r in replies], device=device)
+    pos = torch.arange(len(prompt), len(prompt) + ids.shape[1], device=device).expand_as(ids)
+    h = backbone(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True).last_hidden_state
+    return out.last_hidden_state[0, -1].float(), h[torch.arange(len(replies)), lens - 1].float()
