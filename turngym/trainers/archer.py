@@ -509,40 +509,48 @@ class ArcherTrainer(OnlineTrainer):
 
     @torch.no_grad()
     def _rank_replies(self, points: list[tuple[Trajectory, int]], replies: list[list[Any]]) -> list[list[float]]:
-        """min(Q1, Q2)(s, a) of each candidate reply a at each branch point s (episode, turn) under the
-        current critic: each candidate is encoded as a branch of the episode's record (its prompt,
-        then the candidate's ids), as V's fresh actions are."""
+        """min(Q1, Q2)(s, a) (plus ``branch_rank_prior`` x log pi(a|s)) of each candidate reply a at each
+        branch point s (episode, turn) under the current critic; -inf for a reply without ids."""
         if self._hidden and self._hidden_layer is None:  # the reference encoder: each prompt's forward once
-            return [self._rank_at(traj, j, us) for (traj, j), us in zip(points, replies)]
-        flat = [(traj, j, u) for (traj, j), us in zip(points, replies) for u in us if u.action_ids]
-        scores: list[float] = []
-        for i in range(0, len(flat), self.cfg.num_envs):
-            chunk = flat[i : i + self.cfg.num_envs]
-            if self._hidden:
-                branches = [traj.record.branch(traj.turns[j].span[0], list(u.action_ids)) for traj, j, u in chunk]
-                batch = pack_records([(rec, [(0, span)]) for rec, span in branches], self.policy.pad_id)
-                hidden = reference_pass(self.ref, batch, True, self.cfg.autocast, self._hidden_layer)[1]
-                s, sa = self._features(batch, hidden, [])
-            else:
-                alt = [Trajectory(traj.task_id, turns=[*traj.turns[:j], Turn(u.text)],
-                                  initial_observation=traj.initial_observation) for traj, j, u in chunk]
-                s, sa = self.encoder.turn_features(alt, [(k, j) for k, (_, j, _) in enumerate(chunk)])
-            scores += Fn.double_q_min(*self.critic.q_values(self.critic.encode(s), sa)).tolist()
-        it = iter(scores)
+            q = [x for (traj, j), us in zip(points, replies) for x in self._shared_prompt_q(traj, j, us)]
+        else:
+            flat = [(traj, j, u) for (traj, j), us in zip(points, replies) for u in us if u.action_ids]
+            n = self.cfg.num_envs
+            q = [x for i in range(0, len(flat), n) for x in self._branch_q(flat[i : i + n])]
+        it = iter(q)
         return self._count_moved([[self._with_prior(next(it), u) if u.action_ids else -math.inf for u in us]
                                   for us in replies])
 
-    def _rank_at(self, traj: Trajectory, j: int, replies: list[Any]) -> list[float]:
-        """``_rank_replies`` at one point, with the reference encoder: the prompt's forward once
-        (``shared_prompt_features``) under the run's autocast."""
-        ok = [u for u in replies if u.action_ids]
-        if not ok:
-            return self._count_moved([[-math.inf] * len(replies)])[0]
+    def _shared_prompt_q(self, traj: Trajectory, j: int, replies: list[Any]) -> list[float]:
+        """min(Q1, Q2) of the replies (with ids) at turn ``j`` of ``traj``: the prompt's forward once for
+        all of them (``shared_prompt_features``), under the run's autocast."""
+        ids = [list(u.action_ids) for u in replies if u.action_ids]
+        if not ids:
+            return []
         with autocast(self.ref, self.cfg.autocast):
-            s, sa = shared_prompt_features(self.ref, traj.prompt_ids(j), [list(u.action_ids) for u in ok])
-        q = Fn.double_q_min(*self.critic.q_values(self.critic.encode(s.expand_as(sa)), sa)).tolist()
-        it = iter(q)
-        return self._count_moved([[self._with_prior(next(it), u) if u.action_ids else -math.inf for u in replies]])[0]
+            s, sa = shared_prompt_features(self.ref, traj.prompt_ids(j), ids)
+        return self._q_min(s.expand_as(sa), sa)
+
+    def _branch_q(self, chunk: list[tuple[Trajectory, int, Any]]) -> list[float]:
+        """min(Q1, Q2) of each (episode, turn, reply), each encoded as a sequence of its own (the top:K
+        windows; the text encoders read the conversation with the reply in place of the turn's)."""
+        if self._hidden:
+            s, sa = self._branch_features([(traj, j, list(u.action_ids)) for traj, j, u in chunk])
+        else:
+            alt = [Trajectory(traj.task_id, turns=[*traj.turns[:j], Turn(u.text)],
+                              initial_observation=traj.initial_observation) for traj, j, u in chunk]
+            s, sa = self.encoder.turn_features(alt, [(k, j) for k, (_, j, _) in enumerate(chunk)])
+        return self._q_min(s, sa)
+
+    def _q_min(self, s, sa) -> list[float]:
+        return Fn.double_q_min(*self.critic.q_values(self.critic.encode(s), sa)).tolist()
+
+    def _branch_features(self, items: list[tuple[Trajectory, int, list[int]]]):
+        """phi(s), phi(s, a) of reply ids at (episode, turn), each a branch of the episode's record (its
+        prompt, then the reply), from one reference pass."""
+        branches = [traj.record.branch(traj.turns[k].span[0], ids) for traj, k, ids in items]
+        batch = pack_records([(rec, [(0, span)]) for rec, span in branches], self.policy.pad_id)
+        return self._features(batch, reference_pass(self.ref, batch, True, self.cfg.autocast, self._hidden_layer)[1], [])
 
     def _with_prior(self, q: float, reply: Any) -> float:
         """A reply's ranking score: its Q plus ``branch_rank_prior`` x its recorded log pi(a|s)."""
@@ -848,10 +856,8 @@ class ArcherTrainer(OnlineTrainer):
         dec = self.policy.tokenizer.decode
         turns = [Turn(dec(g.action_ids, skip_special_tokens=True)) for g in gens]
         if self._hidden:  # one sequence per state: a branch of the record, its prompt then a'
-            branches = [trajs[ti].record.branch(trajs[ti].turns[k].span[0], list(g.action_ids) or [self.policy.pad_id])
-                        for (ti, k), g in zip(refs, gens)]
-            fbatch = pack_records([(rec, [(0, span)]) for rec, span in branches], self.policy.pad_id)
-            return self._features(fbatch, reference_pass(self.ref, fbatch, True, cfg.autocast, self._hidden_layer)[1], [])[1]
+            return self._branch_features([(trajs[ti], k, list(g.action_ids) or [self.policy.pad_id])
+                                          for (ti, k), g in zip(refs, gens)])[1]
         fresh = [Trajectory(trajs[ti].task_id, turns=[*trajs[ti].turns[:k], t], initial_observation=trajs[ti].initial_observation)
                  for (ti, k), t in zip(refs, turns)]
         return self.encoder.turn_features(fresh, [(i, k) for i, (_, k) in enumerate(refs)])[1]
