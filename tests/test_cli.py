@@ -117,3 +117,34 @@ def test_mcp_imports_the_users_module_from_the_current_folder(user_folder):
                 assert out["reward"] == 1.0 and out["terminated"]
 
     anyio.run(play)
+
+
+def test_train_under_torchrun_finishes_on_every_rank(user_folder, tiny_tokenizer):
+    # the whole path (SFT, GRPO, evaluations) on 2 gloo ranks through the CLI; every rank must exit 0,
+    # which needs the process group left before interpreter exit
+    from fixtures_model import build_tiny_model
+
+    folder, env = user_folder
+    build_tiny_model(tiny_tokenizer).save_pretrained(folder / "tiny")
+    tiny_tokenizer.save_pretrained(folder / "tiny")
+    (folder / "run.yaml").write_text(f"""
+model: hf:{folder / 'tiny'}
+algo: grpo
+env_id: user_envs:tests/Guess-v0
+env_kwargs: {{}}
+train_split: ""
+output_dir: runs/ddp
+sft: {{episodes: 2, epochs: 1, batch_size: 2, autocast: none}}
+pg: {{iterations: 1, task_sampling: uniform, episodes_per_iter: 4, group_size: 2, num_envs: 2, max_new_tokens: 6,
+      autocast: none}}
+eval: {{episodes: 2, split: "", max_new_tokens: 6, num_envs: 2, zero_shot: false, allow_train_overlap: true}}
+""")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "-m", "turngym.cli", "train", "--config", "run.yaml", "--quiet"],
+                       cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((folder / "runs" / "ddp" / "summary.json").read_text())
+    assert set(summary["success"]) == {"sft", "final"}
+    assert (folder / "runs" / "ddp" / "grpo" / "metrics.jsonl").read_text().count("\n") == 1
+    assert r.stdout.count('"held_out_episodes"') == 1  # rank 0 alone prints the summary
+    assert r.stderr.count("WARNING: the held-out evaluation is not fully held out") == 1  # and warns

@@ -179,11 +179,16 @@ def save_final_model(policy: Any, path: Path, state_dict: dict | None = None) ->
 
 
 # ----- checks before any CPU is spent ---------------------------------------------------------------
-def preflight(cfg: TrainConfig) -> SplitCheck:
+def preflight(cfg: TrainConfig, warn: bool = True) -> SplitCheck:
     """Check what can fail late before training starts: the env id, its constructor kwargs, the
     split sizes against ``eval.episodes``, an oracle for SFT, and that the held-out tasks are not
     training tasks (``turngym.bench.heldout``). The knobs' own values are checked as the config is
     built.
+
+    Args:
+        cfg: The pipeline's config.
+        warn: Print the warning for a held-out split that shares content with training (off on
+            every rank but 0 of a data-parallel job, so it prints once).
 
     Returns:
         The held-out check (recorded in ``summary.json``).
@@ -208,11 +213,11 @@ def preflight(cfg: TrainConfig) -> SplitCheck:
     if cfg.sft.enabled and not check.train_oracle:
         raise ValueError(f"sft.enabled: {cfg.env_id} has no oracle_action() for SFT to imitate; "
                          "--set sft.enabled=false, or give the env an oracle_action()")
-    _refuse_overlap(cfg, check)
+    _refuse_overlap(cfg, check, warn)
     return check
 
 
-def _refuse_overlap(cfg: TrainConfig, check: SplitCheck) -> None:
+def _refuse_overlap(cfg: TrainConfig, check: SplitCheck, warn: bool) -> None:
     """A held-out claim on training tasks: refused when ids are shared (unless
     ``eval.allow_train_overlap``), a loud warning when only the content is."""
     if check.clean:
@@ -222,8 +227,9 @@ def _refuse_overlap(cfg: TrainConfig, check: SplitCheck) -> None:
         raise ValueError(f"eval.split={cfg.eval.split!r} / train_split={cfg.train_split!r}: not held out: {what}. "
                          "Make the env give disjoint task ids per split= (train and test), or "
                          "--set eval.allow_train_overlap=true to train anyway (the summary marks it)")
-    print(f"WARNING: the held-out evaluation is not fully held out: {what}. summary.json's held_out_check "
-          "lists them; a gain measured on these tasks is not a held-out result.", file=sys.stderr, flush=True)
+    if warn:
+        print(f"WARNING: the held-out evaluation is not fully held out: {what}. summary.json's held_out_check "
+              "lists them; a gain measured on these tasks is not a held-out result.", file=sys.stderr, flush=True)
 
 
 def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str, collector: Collector | None = None) -> dict:
@@ -294,7 +300,7 @@ def _run(cfg: TrainConfig, progress: bool, ctx: DistContext | None, evaluator: C
     ctx = ctx or DistContext.from_env()
     main = ctx.is_main
     cfg = replace(cfg, env_id=resolve_env_id(cfg.env_id))  # pkg.module:ns/Name-v0 imports pkg.module
-    check = preflight(cfg)
+    check = preflight(cfg, warn=main)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -432,7 +438,13 @@ def main(args: argparse.Namespace) -> int:
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")
     cfg = apply_overrides(cfg, overrides)
-    summary = run(cfg, progress=not args.quiet)
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank returns; one prints
+    ctx = DistContext.from_env()  # under torchrun / accelerate launch: joins the job's process group
+    try:
+        summary = run(cfg, progress=not args.quiet, ctx=ctx)
+    finally:
+        # Leave the group before the interpreter exits: left to finalization, gloo's threads can
+        # outlive the objects they use and abort a rank that finished its work (SIGABRT).
+        ctx.close()
+    if ctx.is_main:  # under torchrun every rank returns; one prints
         print(json.dumps(summary, indent=2))
     return 0
