@@ -657,6 +657,8 @@ def test_critic_ranked_search_plays_the_replies_the_critic_rates_highest(tiny_to
     _, q = trainer._advantages(enc.s, enc.sa, torch.zeros(len(enc.refs)), torch.ones(len(enc.refs)), enc.s)
     reply = Utterance(tree.episodes[i].turns[j].action_text, tree.episodes[i].action_ids(j), [])
     assert rank([(parent, j)], [[reply]])[0][0] == pytest.approx(float(q[k]), abs=1e-4)
+    # and what acting with the critic ranks a turn's replies by (critic_guided): the same Q from bare ids
+    assert trainer.reply_values(parent.prompt_ids(j), [reply.action_ids])[0] == pytest.approx(float(q[k]), abs=1e-4)
     # with a prior, the policy's own log-prob of the reply joins its Q
     trainer.cfg.branch_rank_prior = 0.5
     reply.logprobs = [-1.0, -3.0]

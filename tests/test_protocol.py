@@ -266,3 +266,34 @@ def test_demo_seeds_choose_different_training_tasks_and_the_rl_stage_must_agree(
     assert demo_task_ids(tasks, 8, 1) == subsets[1]  # deterministic
     with pytest.raises(ValueError, match="branch.demo_seed"):
         TrainConfig(sft=SFTConfig(demo_seed=1))  # the quickstart's branch stage replays 8 demonstrations
+
+
+def test_an_arm_acting_with_its_critic_is_reported_beside_its_actor(tmp_path, tiny_tokenizer):
+    model_dir = tmp_path / "tiny"
+    build_tiny_model(tiny_tokenizer).save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(f"""
+model: hf:{model_dir}
+algo: archer
+env_id: tests/Guess-v0
+env_kwargs: {{}}
+train_split: ''
+sft: {{episodes: 2, epochs: 1, batch_size: 2, autocast: none}}
+archer: {{iterations: 1, episodes_per_iter: 2, num_envs: 2, max_new_tokens: 6, critic_updates: 2, critic_warmup: 0,
+          autocast: none}}
+eval: {{split: '', max_new_tokens: 6, num_envs: 4, allow_train_overlap: true}}
+""")
+    out = tmp_path / "protocol"
+    report = _protocol(["--config", str(cfg), "--arm", "sft", "--arm", "archer:eval.critic_guided=2", "--seeds", "0",
+                        "--games", "3", "--samples", "0", "--baseline", "archer", "--out", str(out), "--quiet"])
+    assert set(report["finals"]) == {"sft", "archer", "archer+critic"}
+    guided, actor = report["finals"]["archer+critic"][0], report["finals"]["archer"][0]
+    assert guided["games"] == actor["games"] and len(guided["per_episode_success"]) == 3
+    assert guided["acting/turns"] > 0 and 0 <= guided["acting/moved"] <= guided["acting/turns"]
+    assert "vs_archer" in report["table"]["archer+critic"]["per_seed"][0]  # paired with the actor alone
+    curve = report["curves"]["archer+critic"][0]
+    assert curve[-1]["iteration"] == 1 and curve[-1]["success"] == guided["success"]
+    with pytest.raises(SystemExit, match="--arm rloo: eval.critic_guided=2: algo=rloo trains no utterance critic"):
+        _protocol(["--config", str(cfg), "--arm", "sft", "--arm", "rloo:eval.critic_guided=2", "--seeds", "0",
+                   "--games", "3", "--samples", "0", "--out", str(tmp_path / "bad"), "--quiet"])

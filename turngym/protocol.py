@@ -96,6 +96,11 @@ class Protocol:
             raise SystemExit("arm names must be distinct (name them: NAME=ALGO:...)")
         if any(a.algo == "sft_continued" for a in self.arms) and not any(a.is_rl for a in self.arms):
             raise SystemExit("sft_continued matches an RL arm's training time: add an RL arm")
+        for arm in self.arms:  # every arm's config is checked before the first one trains
+            try:
+                self.config(arm, args.seeds[0])
+            except ValueError as e:
+                raise SystemExit(f"--arm {arm.name}: {e}") from e
         rl = rl_section(self.base)[1]
         # the training temperature of the online trainers; branch BC plays greedily, so the default 1.0
         trained_at = rl.temperature if isinstance(rl, OnlineConfig) else 1.0
@@ -271,9 +276,14 @@ class Protocol:
                 if partial and not self.finished(arm, seed):
                     continue
                 final, points = self.curve(arm, seed)
-                finals.setdefault(arm.name, {})[seed] = final
                 keep = ("iteration", "env_steps", "train_seconds", "success", "success_ci95", "temp_success")
-                curves.setdefault(arm.name, {})[seed] = [{k: p.get(k) for k in keep} for p in points]
+                rows = [(arm.name, final, points)]
+                guided = _read_json(self.out / f"seed{seed}" / arm.name / "stages.json", {}).get("eval_final_critic")
+                if guided is not None and arm.is_rl:  # eval.critic_guided: the same actor, acting with its critic
+                    rows.append((f"{arm.name}+critic", guided, [*points[:-1], {**points[-1], **guided}]))
+                for name, rec, pts in rows:
+                    finals.setdefault(name, {})[seed] = rec
+                    curves.setdefault(name, {})[seed] = [{k: p.get(k) for k in keep} for p in pts]
         baselines = self.baselines()
         table = compare_arms(finals, baselines)
         a = self.args

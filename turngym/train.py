@@ -35,6 +35,7 @@ from turngym.rollout import Collector
 from turngym.trainers.archer import ArcherConfig
 from turngym.trainers.branch_bc import BranchBCConfig
 from turngym.trainers.checkpoint import has_checkpoint
+from turngym.trainers.critic_guided import CriticGuidedPolicy
 from turngym.trainers.distributed import DistContext, full_params, is_sharded, model_state_dict
 from turngym.trainers.logger import MetricsLogger
 from turngym.trainers.pg import PGConfig
@@ -57,12 +58,18 @@ class EvalConfig:
                                         "before training (0: task ids only)")
     allow_train_overlap: bool = knob(False, "train even when held-out tasks are training tasks (a loud "
                                             "warning, and summary.json's held_out_check lists them)")
+    critic_guided: int = knob(0, "after ArCHer, also evaluate the actor acting with its critic (stage "
+                                 "final_critic): at every turn the greedy reply and this many runner-ups are "
+                                 "scored by min(Q1, Q2) and the best is played (0: off)")
+    critic_margin: float = knob(0.0, "critic_guided: how much higher a runner-up's Q must be to replace the greedy reply")
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.num_envs < 1 or self.max_new_tokens < 1:
             raise ValueError("episodes, num_envs and max_new_tokens must be >= 1")
         if self.overlap_check_s < 0:
             raise ValueError(f"overlap_check_s must be >= 0, got {self.overlap_check_s}")
+        if self.critic_guided < 0 or self.critic_margin < 0:
+            raise ValueError(f"critic_guided and critic_margin must be >= 0, got {self.critic_guided}, {self.critic_margin}")
 
 
 # The quickstart: what `turngym train` runs with no config (see configs/quickstart.yaml for the why
@@ -126,6 +133,9 @@ class TrainConfig:
             self.pg = PGConfig(**PGConfig.fields_for(self.algo, asdict(self.pg)))
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.eval.critic_guided and not hasattr(get_algorithm(self.algo).trainer, "reply_values"):
+            raise ValueError(f"eval.critic_guided={self.eval.critic_guided}: algo={self.algo} trains no utterance "
+                             "critic to act with; use algo=archer, or eval.critic_guided=0")
         if not (self.model == "default" or self.model.startswith("hf:")):
             raise ValueError(f"model must be default or hf:PATH (a model this process can train), got {self.model!r}")
         name, section = rl_section(self)
@@ -329,12 +339,16 @@ def _run(cfg: TrainConfig, progress: bool, ctx: DistContext | None, evaluator: C
     collector = Collector(policy, engine=engine, vllm=vllm, workers=rl_cfg.env_workers, ctx=ctx)
     evaluator = evaluator or functools.partial(evaluate_policy, collector=collector)
 
-    def held_out(tag: str) -> None:
+    def held_out(tag: str, act: Callable[[Any], Any] | None = None) -> None:
         """Evaluate on rank 0 (the others wait) and record the stage, with the engine that generates
-        (the policy itself, or the vLLM engine synced with its current weights)."""
+        (the policy itself, or the vLLM engine synced with its current weights), or ``act(engine)``
+        wrapping it; a wrapper's ``stats`` join the stage's record."""
         if main:
             with CLOCK.stage(f"eval_{tag}"):
-                stages.finish(f"eval_{tag}", evaluator(collector.generator(), cfg, tag))
+                policy_now = collector.generator() if act is None else act(collector.generator())
+                record = evaluator(policy_now, cfg, tag)
+                record.update({f"acting/{k}": v for k, v in getattr(policy_now, "stats", {}).items()})
+                stages.finish(f"eval_{tag}", record)
         ctx.barrier()
         stages.reload()
 
@@ -381,9 +395,14 @@ def _run(cfg: TrainConfig, progress: bool, ctx: DistContext | None, evaluator: C
         if main:
             save_final_model(policy, out / "final_model", full)
         with full_params(policy.model):  # rank 0 evaluates a sharded model alone: no collectives in its forwards
+            if cfg.eval.critic_guided and not stages.done("eval_final_critic"):  # before final: a rerun redoes both
+                held_out("final_critic", lambda engine: CriticGuidedPolicy(engine, trainer.reply_values,
+                                                                           cfg.eval.critic_guided, cfg.eval.critic_margin))
             held_out("final")
     if rl_cfg.iterations > 0:
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
+        if "eval_final_critic" in stages.data:
+            say(_line(f"after {cfg.algo}, acting with its critic", stages.data["eval_final_critic"]))
 
     collector.close()
     summary = {

@@ -83,6 +83,10 @@ Where this departs from the paper, and why:
   encoded with its whole prompt (#critic-ranked-search). ``branch_rank_prior`` adds the policy's own
   log pi(a|s) to the score, so the critic reorders the replies the policy nearly chose: at 0.1 the
   search solved the same tasks and the held-out outcomes matched the critic-only arm game for game.
+- Acting with the critic (``eval.critic_guided``; not in the paper, where the critic only trains the
+  actor): after training, the actor is also evaluated with the critic choosing, at every turn, among
+  its greedy reply and K runner-ups (``critic_guided.CriticGuidedPolicy``, scored by ``reply_values``);
+  the protocol reports it as the arm ``<name>+critic``, paired with the actor alone.
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
@@ -138,7 +142,7 @@ from turngym.trainers.distributed import DistContext
 from turngym.trainers.registry import Algorithm, register_algorithm
 from turngym.trainers.sequences import PackedBatch, pack_batch, pack_records
 from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
-from turngym.types import Trajectory, Turn
+from turngym.types import TokenRecord, Trajectory, Turn
 
 
 @dataclass
@@ -522,14 +526,29 @@ class ArcherTrainer(OnlineTrainer):
                                   for us in replies])
 
     def _shared_prompt_q(self, traj: Trajectory, j: int, replies: list[Any]) -> list[float]:
-        """min(Q1, Q2) of the replies (with ids) at turn ``j`` of ``traj``: the prompt's forward once for
-        all of them (``shared_prompt_features``), under the run's autocast."""
+        """min(Q1, Q2) of the replies (with ids) at turn ``j`` of ``traj``."""
         ids = [list(u.action_ids) for u in replies if u.action_ids]
-        if not ids:
-            return []
-        with autocast(self.ref, self.cfg.autocast):
-            s, sa = shared_prompt_features(self.ref, traj.prompt_ids(j), ids)
-        return self._q_min(s.expand_as(sa), sa)
+        return self.reply_values(traj.prompt_ids(j), ids) if ids else []
+
+    @torch.no_grad()
+    def reply_values(self, prompt: list[int], replies: list[list[int]]) -> list[float]:
+        """min(Q1, Q2)(s, a) under the current critic of each reply's ids ``a`` to the prompt ids ``s``
+        (what ``critic_guided.CriticGuidedPolicy`` ranks a turn's candidates by). The reference encoder
+        runs the prompt's forward once for all of them (``shared_prompt_features``); ``top:K`` reads
+        each as a record of its own.
+
+        Raises:
+            ValueError: a text encoder (``critic_encoder`` a path): it reads the conversation's text.
+        """
+        if not self._hidden:
+            raise ValueError("scoring replies from token ids needs critic_encoder=reference or top:K")
+        if self._hidden_layer is None:
+            with autocast(self.ref, self.cfg.autocast):
+                s, sa = shared_prompt_features(self.ref, list(prompt), [list(a) for a in replies])
+            return self._q_min(s.expand_as(sa), sa)
+        n = len(prompt)
+        head = TokenRecord(list(prompt), [0] * n, [0.0] * n)
+        return self._q_min(*self._record_features([head.branch(n, list(a)) for a in replies]))
 
     def _branch_q(self, chunk: list[tuple[Trajectory, int, Any]]) -> list[float]:
         """min(Q1, Q2) of each (episode, turn, reply), each encoded as a sequence of its own (the top:K
@@ -548,7 +567,10 @@ class ArcherTrainer(OnlineTrainer):
     def _branch_features(self, items: list[tuple[Trajectory, int, list[int]]]):
         """phi(s), phi(s, a) of reply ids at (episode, turn), each a branch of the episode's record (its
         prompt, then the reply), from one reference pass."""
-        branches = [traj.record.branch(traj.turns[k].span[0], ids) for traj, k, ids in items]
+        return self._record_features([traj.record.branch(traj.turns[k].span[0], ids) for traj, k, ids in items])
+
+    def _record_features(self, branches: list[tuple[TokenRecord, tuple[int, int]]]):
+        """phi(s), phi(s, a) of records that each end with one reply (its span), from one reference pass."""
         batch = pack_records([(rec, [(0, span)]) for rec, span in branches], self.policy.pad_id)
         return self._features(batch, reference_pass(self.ref, batch, True, self.cfg.autocast, self._hidden_layer)[1], [])
 
