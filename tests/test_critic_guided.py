@@ -10,7 +10,7 @@ import torch
 from turngym.agents.base import SamplingParams
 from turngym.agents.hf import HFPolicy
 from turngym.rollout import EpisodeSpec, make_env_factory, rollout
-from turngym.trainers.critic_guided import CriticGuidedPolicy, pick_reply
+from turngym.trainers.critic_guided import CriticGuidedPolicy, pick_reply, reply_scores
 
 from fixtures_model import EveryGuess, build_tiny_model
 
@@ -91,3 +91,10 @@ def test_critic_guided_acting_needs_runner_ups():
         CriticGuidedPolicy(object(), lambda p, r: [], k=2)
     with pytest.raises(ValueError, match="k >= 1"):
         CriticGuidedPolicy(object(), lambda p, r: [], k=0)
+
+
+def test_reply_scores_by_hand():
+    # values 0.2, 0.9; log-probs sum to -0.1 and -3.0: with prior 0.5 the runner-up scores 0.9 - 1.5 = -0.6
+    assert reply_scores([0.2, 0.9], [[-0.05, -0.05], [-1.0, -2.0]], 0.5) == pytest.approx([0.15, -0.6])
+    assert reply_scores([0.2, 0.9], [[-0.05], [-3.0]], 0.0) == [0.2, 0.9]
+    assert pick_reply(reply_scores([0.2, 0.9], [[-0.1], [-3.0]], 0.5)) == 0  # the prior keeps the actor's reply

@@ -61,15 +61,18 @@ class EvalConfig:
     critic_guided: int = knob(0, "after ArCHer, also evaluate the actor acting with its critic (stage "
                                  "final_critic): at every turn the greedy reply and this many runner-ups are "
                                  "scored by min(Q1, Q2) and the best is played (0: off)")
-    critic_margin: float = knob(0.0, "critic_guided: how much higher a runner-up's Q must be to replace the greedy reply")
+    critic_margin: float = knob(0.0, "critic_guided: how much higher a runner-up's score must be to replace the greedy reply")
+    critic_prior: float = knob(0.0, "critic_guided: a reply's score is min(Q1, Q2) + this x its log-probability "
+                                    "under the actor (as archer.branch_rank_prior)")
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.num_envs < 1 or self.max_new_tokens < 1:
             raise ValueError("episodes, num_envs and max_new_tokens must be >= 1")
         if self.overlap_check_s < 0:
             raise ValueError(f"overlap_check_s must be >= 0, got {self.overlap_check_s}")
-        if self.critic_guided < 0 or self.critic_margin < 0:
-            raise ValueError(f"critic_guided and critic_margin must be >= 0, got {self.critic_guided}, {self.critic_margin}")
+        if min(self.critic_guided, self.critic_margin, self.critic_prior) < 0:
+            raise ValueError("critic_guided, critic_margin and critic_prior must be >= 0, got "
+                             f"{self.critic_guided}, {self.critic_margin}, {self.critic_prior}")
 
 
 # The quickstart: what `turngym train` runs with no config (see configs/quickstart.yaml for the why
@@ -342,12 +345,13 @@ def _run(cfg: TrainConfig, progress: bool, ctx: DistContext | None, evaluator: C
     def held_out(tag: str, act: Callable[[Any], Any] | None = None) -> None:
         """Evaluate on rank 0 (the others wait) and record the stage, with the engine that generates
         (the policy itself, or the vLLM engine synced with its current weights), or ``act(engine)``
-        wrapping it; a wrapper's ``stats`` join the stage's record."""
+        wrapping it; the wrapper's ``stats`` join the stage's record."""
         if main:
             with CLOCK.stage(f"eval_{tag}"):
                 policy_now = collector.generator() if act is None else act(collector.generator())
                 record = evaluator(policy_now, cfg, tag)
-                record.update({f"acting/{k}": v for k, v in getattr(policy_now, "stats", {}).items()})
+                if act is not None:
+                    record.update({f"acting/{k}": v for k, v in policy_now.stats.items()})
                 stages.finish(f"eval_{tag}", record)
         ctx.barrier()
         stages.reload()
@@ -396,8 +400,8 @@ def _run(cfg: TrainConfig, progress: bool, ctx: DistContext | None, evaluator: C
             save_final_model(policy, out / "final_model", full)
         with full_params(policy.model):  # rank 0 evaluates a sharded model alone: no collectives in its forwards
             if cfg.eval.critic_guided and not stages.done("eval_final_critic"):  # before final: a rerun redoes both
-                held_out("final_critic", lambda engine: CriticGuidedPolicy(engine, trainer.reply_values,
-                                                                           cfg.eval.critic_guided, cfg.eval.critic_margin))
+                held_out("final_critic", lambda engine: CriticGuidedPolicy(
+                    engine, trainer.reply_values, cfg.eval.critic_guided, cfg.eval.critic_margin, cfg.eval.critic_prior))
             held_out("final")
     if rl_cfg.iterations > 0:
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))

@@ -26,6 +26,14 @@ ReplyValues = Callable[[list[int], list[list[int]]], list[float]]
 """``values(prompt_ids, [reply_ids, ...])``: a score per reply (``ArcherTrainer.reply_values``)."""
 
 
+def reply_scores(values: Sequence[float], logprobs: Sequence[Sequence[float]], prior: float) -> list[float]:
+    """Each reply's score: its value plus ``prior`` x its log-probability under the actor (the sum of
+    its tokens' recorded log-probs). With a prior, a runner-up the actor gave little mass must earn
+    that much more value: the critic has seen few such replies played, so its value there is an
+    extrapolation."""
+    return [v + prior * sum(lp) for v, lp in zip(values, logprobs)] if prior else list(values)
+
+
 def pick_reply(values: Sequence[float], margin: float = 0.0) -> int:
     """The index of the reply to play: 0 (the policy's own) unless another's value beats it by more
     than ``margin``; then the highest valued (the first of equals)."""
@@ -40,7 +48,8 @@ class CriticGuidedPolicy:
         policy: Proposes the replies: ``act`` and ``alternatives`` (``HFPolicy`` or ``VLLMPolicy``).
         values: Scores a turn's candidate replies (``ReplyValues``).
         k: Runner-ups scored beside the greedy reply at every turn.
-        margin: How much higher a runner-up's value must be to replace the greedy reply.
+        margin: How much higher a runner-up's score must be to replace the greedy reply.
+        prior: Weight of the actor's log-probability in a reply's score (``reply_scores``).
 
     Attributes:
         stats: ``turns`` scored and ``moved`` (turns where a runner-up was played).
@@ -48,13 +57,13 @@ class CriticGuidedPolicy:
     Anything else (``chat``, ``invalidate_caches``, ``tokenizer`` ...) is the wrapped policy's.
     """
 
-    def __init__(self, policy: Any, values: ReplyValues, k: int = 3, margin: float = 0.0) -> None:
+    def __init__(self, policy: Any, values: ReplyValues, k: int = 3, margin: float = 0.0, prior: float = 0.0) -> None:
         if k < 1:
             raise ValueError(f"critic-guided acting scores k >= 1 runner-ups per turn, got {k}")
         if not hasattr(policy, "alternatives"):
             raise ValueError(f"{type(policy).__name__} cannot propose runner-up replies; critic-guided acting "
                              "needs an HF or vLLM policy")
-        self.policy, self.values, self.k, self.margin = policy, values, k, margin
+        self.policy, self.values, self.k, self.margin, self.prior = policy, values, k, margin, prior
         self.stats = {"turns": 0, "moved": 0}
 
     def __getattr__(self, name: str) -> Any:
@@ -74,7 +83,8 @@ class CriticGuidedPolicy:
                                             self.k, list(stops), sampling.max_new_tokens)
             for i, runner_ups in zip(group, alts):
                 candidates = [out[i], *(u for u in runner_ups if u.action_ids)]
-                best = pick_reply(self.values(out[i].prompt_ids, [u.action_ids for u in candidates]), self.margin)
+                values = self.values(out[i].prompt_ids, [u.action_ids for u in candidates])
+                best = pick_reply(reply_scores(values, [u.logprobs for u in candidates], self.prior), self.margin)
                 self.stats["turns"] += 1
                 if best:
                     self.stats["moved"] += 1
