@@ -167,21 +167,28 @@ def _protocol(argv: list[str]) -> dict:
     return run_protocol(build_parser().parse_args(["protocol", *argv]))
 
 
-def test_protocol_end_to_end_and_resume(tmp_path, tiny_tokenizer, capsys):
+def _tiny_base(tmp_path, tiny_tokenizer, algo: str, section: str) -> Path:
+    """A base config of the tiny model on the toy env, with the RL ``section`` given as YAML."""
     model_dir = tmp_path / "tiny"
     build_tiny_model(tiny_tokenizer).save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
     cfg = tmp_path / "base.yaml"
     cfg.write_text(f"""
 model: hf:{model_dir}
-algo: rloo
+algo: {algo}
 env_id: tests/Guess-v0
 env_kwargs: {{}}
 train_split: ''
 sft: {{episodes: 2, epochs: 1, batch_size: 2, autocast: none}}
-pg: {{iterations: 2, episodes_per_iter: 2, group_size: 2, num_envs: 2, max_new_tokens: 6, autocast: none}}
+{section}
 eval: {{split: '', max_new_tokens: 6, num_envs: 4, allow_train_overlap: true}}  # the toy env has no splits
 """)
+    return cfg
+
+
+def test_protocol_end_to_end_and_resume(tmp_path, tiny_tokenizer, capsys):
+    cfg = _tiny_base(tmp_path, tiny_tokenizer, "rloo", "pg: {iterations: 2, episodes_per_iter: 2, group_size: 2, "
+                                                        "num_envs: 2, max_new_tokens: 6, autocast: none}")
     out = tmp_path / "protocol"
     argv = ["--config", str(cfg), "--arm", "rloo", "--arm", "sft_continued", "--seeds", "0", "--games", "3",
             "--samples", "1", "--eval-every", "1", "--out", str(out), "--quiet"]
@@ -269,21 +276,8 @@ def test_demo_seeds_choose_different_training_tasks_and_the_rl_stage_must_agree(
 
 
 def test_an_arm_acting_with_its_critic_is_reported_beside_its_actor(tmp_path, tiny_tokenizer):
-    model_dir = tmp_path / "tiny"
-    build_tiny_model(tiny_tokenizer).save_pretrained(model_dir)
-    tiny_tokenizer.save_pretrained(model_dir)
-    cfg = tmp_path / "base.yaml"
-    cfg.write_text(f"""
-model: hf:{model_dir}
-algo: archer
-env_id: tests/Guess-v0
-env_kwargs: {{}}
-train_split: ''
-sft: {{episodes: 2, epochs: 1, batch_size: 2, autocast: none}}
-archer: {{iterations: 1, episodes_per_iter: 2, num_envs: 2, max_new_tokens: 6, critic_updates: 2, critic_warmup: 0,
-          autocast: none}}
-eval: {{split: '', max_new_tokens: 6, num_envs: 4, allow_train_overlap: true}}
-""")
+    cfg = _tiny_base(tmp_path, tiny_tokenizer, "archer", "archer: {iterations: 1, episodes_per_iter: 2, num_envs: 2, "
+                     "max_new_tokens: 6, critic_updates: 2, critic_warmup: 0, autocast: none}")
     out = tmp_path / "protocol"
     report = _protocol(["--config", str(cfg), "--arm", "sft", "--arm", "archer:eval.critic_guided=2", "--seeds", "0",
                         "--games", "3", "--samples", "0", "--baseline", "archer", "--out", str(out), "--quiet"])
