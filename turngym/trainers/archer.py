@@ -142,6 +142,7 @@ from turngym.trainers.actor import actor_update, advantage_stats, autocast, refe
 from turngym.trainers.archer_critic import ReplayBuffer, UtteranceCritic, ValueHead, make_target, soft_update  # noqa: F401
 from turngym.trainers.branch_bc import better
 from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window, shared_prompt_features
+from turngym.trainers.critic_guided import reply_scores
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.registry import Algorithm, register_algorithm
 from turngym.trainers.sequences import PackedBatch, pack_batch, pack_records
@@ -580,7 +581,7 @@ class ArcherTrainer(OnlineTrainer):
 
     def _with_prior(self, q: float, reply: Any) -> float:
         """A reply's ranking score: its Q plus ``branch_rank_prior`` x its recorded log pi(a|s)."""
-        return q + self.cfg.branch_rank_prior * sum(reply.logprobs) if self.cfg.branch_rank_prior else q
+        return reply_scores([q], [reply.logprobs], self.cfg.branch_rank_prior)[0]
 
     def _count_moved(self, out: list[list[float]]) -> list[list[float]]:
         """Count the points scored and the replies the critic's top ``branch_width`` takes from
