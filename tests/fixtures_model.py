@@ -90,6 +90,16 @@ class EveryGuess(HFPolicy):
         return [[Utterance(text, ids, [0.0] * len(ids)) for text, ids in replies] for p in prompts]
 
 
+class NonsenseFirst(EveryGuess):
+    """``EveryGuess`` whose first runner-up is a reply the env refuses ("not a number"): the search
+    plays a no-op branch at every branch point."""
+
+    def alternatives(self, prompts, actions, k, stops=(), max_new_tokens=64, episode_caches=None):
+        ids = self.chat.encode("not a number") + sorted(self.chat.end_token_ids)[:1]
+        nonsense = Utterance("not a number", ids, [0.0] * len(ids))
+        return [[nonsense] + us[: k - 1] for us in super().alternatives(prompts, actions, k, stops, max_new_tokens)]
+
+
 def guess_demonstrations(policy: HFPolicy, n: int = 4) -> list:
     """``n`` oracle episodes of ``tests/Guess-v0`` (xml calls) recorded as ``policy``'s tokens."""
     from turngym.rollout import Collector, EnvTarget

@@ -431,6 +431,31 @@ def test_branch_wins_searches_from_every_root(tiny_tokenizer, tmp_path, monkeypa
     assert [kw["from_wins"] for kw in calls] == [True]
 
 
+def test_critic_no_ops_trains_the_critic_on_refused_replies_as_dead_ends(tiny_tokenizer, tmp_path, monkeypatch):
+    from fixtures_model import NonsenseFirst
+    from turngym.rollout.branching import is_no_op
+
+    def run(out, **kw):
+        policy = NonsenseFirst(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+        trainer = ArcherTrainer(policy, ENV, _tree_cfg(branch_width=3, **kw), env_kwargs={"tool_format": "text"}, out_dir=out)
+        trainer.setup()
+        seen = _keep_trees(trainer, monkeypatch)
+        return trainer, trainer.step(), seen["tree"]
+
+    plain, row0, _ = run(tmp_path / "plain")
+    trainer, row, tree = run(tmp_path / "kept", critic_no_ops=True)
+    leaves = [i for i, e in enumerate(tree.episodes) if is_no_op(e)]
+    assert row0["search/no_op_leaves"] == 0 and row["search/no_op_leaves"] == len(leaves) > 0
+    # the search and the actor's states are the same; only the critic's buffer grows, by one turn a leaf
+    assert row["search/branches"] == row0["search/branches"] and len(trainer.memory) == len(plain.memory)
+    held_in = [i for i in leaves if tree.episodes[i].task_id not in trainer.heldout_tasks]
+    assert held_in and len(trainer.buffer) == len(plain.buffer) + len(held_in)
+    # each leaf's turn is a dead end: done, its reward (0, a failed game's), nothing to bootstrap from
+    done, reward = trainer.buffer.data["done"][: len(trainer.buffer)], trainer.buffer.data["reward"][: len(trainer.buffer)]
+    assert int(done.sum()) == int(plain.buffer.data["done"][: len(plain.buffer)].sum()) + len(held_in)
+    assert float(reward.sum()) == float(plain.buffer.data["reward"][: len(plain.buffer)].sum())
+
+
 def test_policy_action_rows_by_hand():
     # episode 0: a root of 3 turns; episode 1 forks it at turn 1; episode 2 forks episode 1 at turn 2
     refs = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]

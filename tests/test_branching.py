@@ -16,13 +16,14 @@ from turngym.agents.hf import HFPolicy
 from turngym.agents.kvcache import common_prefix
 from turngym.agents.sampling import decision_position, runner_up_heads
 from turngym.rollout import EpisodeSpec, make_env_factory, rollout
-from turngym.rollout.branching import (Tree, branch_points, branch_search, keep_top, observation_key, reply_certainty,
-                                       tree_rollout, visit_keys)
-from turngym.rollout.episode import branch_of
+from turngym.rollout.branching import (Tree, branch_points, branch_search, is_no_op, keep_top, observation_key,
+                                       reply_certainty, tree_rollout, visit_keys)
+from turngym.rollout.episode import branch_of, moved
 from turngym.trainers.branch_bc import BranchBCConfig, BranchBCTrainer, better
 from turngym.types import Message, TokenRecord, Trajectory, Turn, Utterance
 
 from fixtures_model import EveryGuess as _EveryGuess
+from fixtures_model import NonsenseFirst
 from fixtures_model import build_tiny_model
 
 ENV = "tests/Guess-v0"
@@ -219,6 +220,32 @@ def test_branch_search_returns_whole_episodes_that_leave_their_root_once(tiny_to
     assert group[0] == (0, j) and len(group) == 1 + len(found)
     with pytest.raises(ValueError, match="alternative"):
         branch_search(object(), make_env_factory(ENV, **TEXT), [(spec, root)])
+
+
+def test_keep_no_ops_returns_refused_runner_ups_as_leaves_outside_the_sibling_groups(tiny_tokenizer):
+    policy = NonsenseFirst(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+    spec, root = _played(policy, task="4")
+    make = make_env_factory(ENV, **TEXT)
+    search = lambda **kw: branch_search(policy, make, [(spec, root)], points=1, width=3, depth=2, max_new_tokens=6, **kw)
+    plain, kept = search(), search(keep_no_ops=True)
+    leaves = [t for t in kept if is_no_op(t)]
+    assert not any(is_no_op(t) for t in plain) and leaves
+    # the same search otherwise: the replies that moved are played and searched on alike
+    assert [t.turns[-1].action_text for t in kept if not is_no_op(t)] == [t.turns[-1].action_text for t in plain]
+    for leaf in leaves:  # one own turn, refused or idle (a guess made before), then the branch ends truncated
+        j = leaf.metadata["branch_turn"]
+        assert len(leaf.turns) == j + 1 and leaf.truncated and not leaf.success and not moved(leaf, j)
+    # every branch point of both levels keeps its refused reply, and a leaf is never branched again
+    points = {(t.metadata["parent"], t.metadata["branch_turn"]) for t in kept}
+    refused = {(t.metadata["parent"], t.metadata["branch_turn"]) for t in leaves if t.turns[-1].action_text == "not a number"}
+    assert refused == points and len({p for p, _ in points}) > 1
+    nodes = {1 + i for i, t in enumerate(kept) if is_no_op(t)}
+    assert not any(t.metadata["parent"] in nodes for t in kept)
+    # the tree holds them, but a sibling pair never does: the env's refusal alone tells them apart
+    tree = Tree.from_search([root], kept)
+    grouped = {i for g in tree.sibling_groups() for i, _ in g}
+    assert grouped and not grouped & nodes
+    assert sorted(map(len, tree.sibling_groups())) == sorted(map(len, Tree.from_search([root], plain).sibling_groups()))
 
 
 def test_keep_top_by_hand():

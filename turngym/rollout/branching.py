@@ -103,7 +103,8 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
                   stops: Sequence[str] = (), points: int = 2, width: int = 3, depth: int = 1,
                   max_new_tokens: int = 64, num_envs: int = 32, workers: bool | str = False,
                   pools: Any = None, by: str = "state_key", pick: str = "latest", progress: bool | str = False,
-                  from_wins: bool = False, rank: ReplyRanker | None = None, pool: int = 0) -> list[Trajectory]:
+                  from_wins: bool = False, rank: ReplyRanker | None = None, pool: int = 0,
+                  keep_no_ops: bool = False) -> list[Trajectory]:
     """Branches of the failed ``roots``, searched ``depth`` levels deep.
 
     At each branch point (``branch_points``) the policy's ``width`` runner-up replies
@@ -132,6 +133,10 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
             played first). With it, ``pool`` (> ``width``) runner-ups are proposed per point and the
             ``width`` best scored are played (``keep_top``). None: the policy's first ``width``.
         pool: Runner-ups proposed per point for ``rank`` to choose from.
+        keep_no_ops: Also return the branches that ended at once because the env refused their reply
+            or it changed nothing (``metadata["stopped"] == "branch_no_op"``: one own turn, truncated,
+            never branched again). A search has no use for them; a critic that will later choose
+            among replies does: without them it never learns what a refused reply is worth.
 
     Returns:
         Every finished branch (each a whole episode, with ``metadata["branch_turn"]`` and
@@ -172,13 +177,19 @@ def branch_search(policy: Policy, make_env: Any, roots: list[tuple[EpisodeSpec, 
         kept = []
         for spec, (j, node), t in zip(specs, turns, played):
             t.metadata["branch_turn"], t.metadata["parent"] = j, node
-            if not t.metadata.get("error") and t.metadata.get("stopped") != "branch_no_op":
+            if not t.metadata.get("error") and (keep_no_ops or not is_no_op(t)):
                 kept.append((spec, t, len(roots) + len(found) + len(kept)))
         found += [t for _, t, _ in kept]
         if not from_wins:
             solved |= {t.task_id for _, t, _ in kept if t.success}
-        level = [(s, t, t.metadata["branch_turn"] + 1, node) for s, t, node in kept if not t.success]
+        level = [(s, t, t.metadata["branch_turn"] + 1, node) for s, t, node in kept
+                 if not t.success and not is_no_op(t)]
     return found
+
+
+def is_no_op(traj: Trajectory) -> bool:
+    """Whether a branch ended at its own first turn: the env refused the reply or it changed nothing."""
+    return traj.metadata.get("stopped") == "branch_no_op"
 
 
 def keep_top(replies: list, scores: Sequence[float], width: int) -> list:
@@ -243,10 +254,12 @@ class Tree:
     def sibling_groups(self) -> list[list[tuple[int, int]]]:
         """``(episode, turn)`` pairs that are different actions from one state: a parent's turn j
         and the first turn of every branch that left it at turn j. Each action's episode plays on
-        from it (greedily), so that episode's outcome is the action's label. Groups of one are left out."""
+        from it (greedily), so that episode's outcome is the action's label. Groups of one are left out,
+        and so are no-op branches (``is_no_op``): a refused reply is told from an accepted one by the
+        env's message alone, so ranking it below its siblings says nothing about the critic."""
         groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for i, (p, j) in enumerate(zip(self.parent, self.branch_turn)):
-            if p >= 0:
+            if p >= 0 and not is_no_op(self.episodes[i]):
                 groups.setdefault((p, j), [(p, j)]).append((i, j))
         return [g for g in groups.values() if len(g) > 1]
 
@@ -255,12 +268,12 @@ def tree_rollout(policy: Policy, make_env: Any, specs: list[EpisodeSpec], *, sto
                  points: int = 2, width: int = 3, depth: int = 1, max_new_tokens: int = 64, num_envs: int = 32,
                  workers: bool | str = False, pools: Any = None, by: str = "observation", pick: str = "latest",
                  roots: list[Trajectory] | None = None, from_wins: bool = False, rank: ReplyRanker | None = None,
-                 pool: int = 0) -> Tree:
+                 pool: int = 0, keep_no_ops: bool = False) -> Tree:
     """Play ``specs`` greedily (the roots), then ``branch_search`` from the failed ones.
 
     Args:
         policy, make_env, stops, points, width, depth, max_new_tokens, num_envs, workers, pools, by, pick, from_wins,
-        rank, pool:
+        rank, pool, keep_no_ops:
             As for ``branch_search``.
         specs: One greedy episode each (reset seeds fixed, so every replay is exact).
         roots: The roots, already played from ``specs`` (a caller that screened them itself).
@@ -274,5 +287,6 @@ def tree_rollout(policy: Policy, make_env: Any, specs: list[EpisodeSpec], *, sto
                         num_envs=num_envs, workers=workers, progress=False, pools=pools)
     found = branch_search(policy, make_env, list(zip(specs, roots)), stops=stops, points=points, width=width,
                           depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs, workers=workers,
-                          pools=pools, by=by, pick=pick, from_wins=from_wins, rank=rank, pool=pool)
+                          pools=pools, by=by, pick=pick, from_wins=from_wins, rank=rank, pool=pool,
+                          keep_no_ops=keep_no_ops)
     return Tree.from_search(roots, found)

@@ -255,14 +255,14 @@ class Collector:
     def tree_rollout(self, env: EnvTarget, specs: list[EpisodeSpec], *, roots: list[Trajectory] | None = None,
                      points: int, width: int, depth: int, max_new_tokens: int, num_envs: int,
                      by: str = "observation", pick: str = "latest", from_wins: bool = False,
-                     rank: Any = None, pool: int = 0) -> Tree:
+                     rank: Any = None, pool: int = 0, keep_no_ops: bool = False) -> Tree:
         """Greedy roots on ``specs`` (or the given ``roots``), then branch search from the failed ones
         (``from_wins``: from every root; ``branching.tree_rollout``; ``rank``/``pool``: which runner-ups
-        are played), played by the policy itself."""
+        are played; ``keep_no_ops``: the refused ones are kept as one-turn leaves), played by the policy itself."""
         return tree_rollout(self.policy, env.factory(), specs, stops=list(env.info.stop_strings), points=points,
                             width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs,
                             workers=self.workers, pools=self.pools, by=by, pick=pick, roots=roots,
-                            from_wins=from_wins, rank=rank, pool=pool)
+                            from_wins=from_wins, rank=rank, pool=pool, keep_no_ops=keep_no_ops)
 
     def demonstrations(self, env: EnvTarget, episodes: int, seed: int = 0, demo_seed: int = -1,
                        num_envs: int = 8) -> list[Trajectory]:

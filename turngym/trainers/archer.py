@@ -90,7 +90,13 @@ Where this departs from the paper, and why:
   search (seed 0) the final critic alone cost 29.7 points (-39.1 to -20.3): the search drops refused
   runner-ups, so the critic never saw one and often rated a malformed reply highest (invalid turns
   8.4% -> 40.3%). With 0.1 x log pi(a|s) in the score (``critic_prior``) it changed 15 of 548 turns,
-  +2.3 (+0.0 to +5.5) (#critic-guided-acting).
+  +2.3 (+0.0 to +5.5) (#critic-guided-acting). ``critic_no_ops`` (off by default) keeps those refused
+  runner-ups (and the ones that changed nothing) as one-turn leaves that train the critic only: each is
+  a dead end, its reward and done. That label is pessimistic (the env would let the policy go on from
+  the same state one turn later), and on purpose: a critic that acts and rates a refused reply above
+  the policy's would play it again at the next turn. They are never sibling pairs (the env's refusal
+  alone tells them apart, which would lift the sibling AUC without the critic ranking anything) and
+  never actor targets.
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
@@ -135,7 +141,7 @@ from turngym.config import knob
 from turngym.rewards import reward_stats
 from turngym.rewards.format import action_status
 from turngym.rollout import EpisodeSpec, env_info
-from turngym.rollout.branching import BRANCH_BY, BRANCH_PICK, Tree
+from turngym.rollout.branching import BRANCH_BY, BRANCH_PICK, Tree, is_no_op
 from turngym.rollout.schedule import run_seed, screen_order
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, autocast, reference_pass
@@ -177,6 +183,9 @@ class ArcherConfig(OnlineConfig):
     branch_wins: bool = knob(False, "tree: also branch the won roots, and go on searching a task after a branch won: "
                                     "more sibling pairs that earned differently, for the critic (the search then "
                                     "costs more)")
+    critic_no_ops: bool = knob(False, "tree: the runner-ups the env refused or that changed nothing train the critic too, "
+                                      "each a one-turn dead end (its reward, done): a critic that acts (eval.critic_guided) "
+                                      "then knows what a refused reply is worth; they are never sibling pairs or actor targets")
     actor_loss: str = knob("awr", "awr: at each replayed state with several actions (a tree's siblings), the likelihood "
                                   "of each weighted by softmax(log pi + A / awr_beta) over the siblings | ppo: the "
                                   "clipped surrogate on this iteration's episodes")
@@ -501,10 +510,10 @@ class ArcherTrainer(OnlineTrainer):
         tree = self.collector.tree_rollout(self.env, specs, roots=roots, points=cfg.branch_points,
                                            width=cfg.branch_width, depth=cfg.branch_depth,
                                            max_new_tokens=cfg.max_new_tokens, num_envs=cfg.num_envs, by=cfg.branch_by,
-                                           pick=cfg.branch_pick, from_wins=cfg.branch_wins,
+                                           pick=cfg.branch_pick, from_wins=cfg.branch_wins, keep_no_ops=cfg.critic_no_ops,
                                            rank=self._rank_replies if ranked else None,
                                            pool=cfg.branch_pool if ranked else 0)
-        branches = tree.episodes[len(roots):]
+        branches = [b for b in tree.episodes[len(roots):] if not is_no_op(b)]
         metrics["search/critic_ranked"] = float(ranked)
         if ranked:  # replies played that the policy's own order (its first branch_width) would not have played
             metrics.update(self._rank_stats)
@@ -512,8 +521,10 @@ class ArcherTrainer(OnlineTrainer):
         metrics.update({"search/seconds": time.perf_counter() - t0, "search/branches": float(len(branches)),
                         "search/failed_tasks": float(len(failed)),
                         "search/solved_tasks": float(len({b.task_id for b in branches if b.success})),
-                        "search/sibling_groups": float(len(tree.sibling_groups()))})
-        metrics["rollout/env_steps"] += sum(len(b.turns) for b in branches)  # replayed turns step the env too
+                        "search/sibling_groups": float(len(tree.sibling_groups())),
+                        "search/no_op_leaves": float(len(tree.episodes) - len(roots) - len(branches))})
+        # replayed turns step the env too
+        metrics["rollout/env_steps"] += sum(len(b.turns) for b in tree.episodes[len(roots):])
         return tree, metrics
 
     @torch.no_grad()
