@@ -98,8 +98,8 @@ Where this departs from the paper, and why:
   alone tells them apart, which would lift the sibling AUC without the critic ranking anything) and
   never actor targets. On multi-hop search (seed 0; 352 leaves over two rounds, the actor unchanged)
   acting with that critic won 30.5% against 22.7% without them, +7.8 (+1.6 to +14.1), still 21.9
-  points below the actor alone, and its invalid turns stayed at 39.4%: most leaves are at states of
-  lost games, where every reply's target is about 0 too (#critic-no-ops).
+  points below the actor alone, and its invalid turns stayed at 39.4%: every leaf was at a state of
+  a lost game (the search branched lost roots only), where every reply's target is about 0 too (#critic-no-ops).
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
   branch after its fork; at a forced runner-up, its parent's reply at that state), recorded at
   collection, not re-sampled from the current policy at every update. For the greedy policy this
