@@ -100,7 +100,7 @@ Where this departs from the paper, and why:
   acting with that critic won 30.5% against 22.7% without them, +7.8 (+1.6 to +14.1), still 21.9
   points below the actor alone, and its invalid turns stayed at 39.4%: every leaf was at a state of
   a lost game (the search branched lost roots only), where every reply's target is about 0 too (#critic-no-ops).
-  With ``branch_wins`` they sit at won games' forks too (sibling AUC 0.83 out of sample in both rounds):
+  With ``branch_wins`` they sit at won games' forks too (seed 0: sibling AUC 0.83 out of sample in both rounds):
   acting alone that critic won 35.9%, and with 0.1 x log pi(a|s) 56.2%, +3.9 (+0.0 to +7.8) over the
   actor alone (#critic-wins-no-ops).
 - V's action a_pi is the reply the collecting policy chose at s (greedy at the roots and on every
