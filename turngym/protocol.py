@@ -113,7 +113,8 @@ class Protocol:
     def config(self, arm: Arm, seed: int, rl_iterations: int | None = None) -> TrainConfig:
         algo = arm.algo if arm.is_rl else self.base.algo
         sets = [f"algo={algo}", *arm.overrides, f"seed={seed}", f"sft.seed={seed}", f"archer.seed={seed}",
-                f"pg.seed={seed}", f"branch.seed={seed}", f"output_dir={self.out / f'seed{seed}' / arm.name}"]
+                f"pg.seed={seed}", f"branch.seed={seed}", f"hierarchy.seed={seed}",
+                f"output_dir={self.out / f'seed{seed}' / arm.name}"]
         if not self.args.same_demos:  # each seed's SFT sees its own subset of the training tasks
             sets += [f"{section}.demo_seed={seed}" for section in ("sft", "archer", "pg", "branch")]
         if rl_iterations is not None:
@@ -154,7 +155,8 @@ class Protocol:
         out = Path(cfg.output_dir)
         rl = rl_section(cfg)[1]
         done = _read_json(out / "stages.json", {})
-        if "eval_final" in done and done.get("rl", {}).get("iterations") == rl.iterations:
+        acting = "eval_final_critic" in done or not cfg.hierarchy.tasks  # the critic stage, when configured
+        if "eval_final" in done and done.get("rl", {}).get("iterations") == rl.iterations and acting:
             return  # finished as configured: its weights and checkpoints may have been deleted to save disk
         self.start_from_sft(sft_dir, out)
         curve_path = out / "curve.json"

@@ -37,6 +37,7 @@ from turngym.trainers.branch_bc import BranchBCConfig
 from turngym.trainers.checkpoint import has_checkpoint
 from turngym.trainers.critic_guided import CriticGuidedPolicy
 from turngym.trainers.distributed import DistContext, full_params, is_sharded, model_state_dict
+from turngym.trainers.hierarchy import HierarchyConfig, fit_critic, trained_actor
 from turngym.trainers.logger import MetricsLogger
 from turngym.trainers.pg import PGConfig
 from turngym.trainers.registry import algorithm_names, algorithms_help, get_algorithm
@@ -58,9 +59,9 @@ class EvalConfig:
                                         "before training (0: task ids only)")
     allow_train_overlap: bool = knob(False, "train even when held-out tasks are training tasks (a loud "
                                             "warning, and summary.json's held_out_check lists them)")
-    critic_guided: int = knob(0, "after ArCHer, also evaluate the actor acting with its critic (stage "
-                                 "final_critic): at every turn the greedy reply and this many runner-ups are "
-                                 "scored by min(Q1, Q2) and the best is played (0: off)")
+    critic_guided: int = knob(0, "after ArCHer (or with hierarchy.tasks, after any RL stage), also evaluate the actor "
+                                 "acting with its critic (stage final_critic): at every turn the greedy reply and this "
+                                 "many runner-ups are scored by min(Q1, Q2) and the best is played (0: off)")
     critic_margin: float = knob(0.0, "critic_guided: how much higher a runner-up's score must be to replace the greedy reply")
     critic_prior: float = knob(0.0, "critic_guided: a reply's score is min(Q1, Q2) + this x its log-probability "
                                     "under the actor (as archer.branch_rank_prior)")
@@ -120,6 +121,8 @@ class TrainConfig:
     branch: BranchBCConfig = knob(_quickstart_branch, "branch-search BC (algo=branch_bc)")
     archer: ArcherConfig = knob(_quickstart_archer, "ArCHer (algo=archer)")
     pg: PGConfig = knob(_quickstart_pg, "critic-free trainers (algo=" + "|".join(algorithm_names("pg")) + ")")
+    hierarchy: HierarchyConfig = knob(HierarchyConfig, "after the RL stage: the critic of the trained actor, which "
+                                                       "acts with it (eval.critic_guided; off while hierarchy.tasks is 0)")
     eval: EvalConfig = knob(EvalConfig, "held-out evaluation")
 
     @classmethod
@@ -136,9 +139,14 @@ class TrainConfig:
             self.pg = PGConfig(**PGConfig.fields_for(self.algo, asdict(self.pg)))
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
-        if self.eval.critic_guided and not hasattr(get_algorithm(self.algo).trainer, "reply_values"):
+        own_critic = hasattr(get_algorithm(self.algo).trainer, "reply_values")
+        if self.eval.critic_guided and not (own_critic or self.hierarchy.tasks):
             raise ValueError(f"eval.critic_guided={self.eval.critic_guided}: algo={self.algo} trains no utterance "
-                             "critic to act with; use algo=archer, or eval.critic_guided=0")
+                             "critic to act with; use algo=archer, set hierarchy.tasks (the critic of the trained "
+                             "actor), or eval.critic_guided=0")
+        if self.hierarchy.tasks and not self.eval.critic_guided:
+            raise ValueError(f"hierarchy.tasks={self.hierarchy.tasks} fits a critic that acts: set eval.critic_guided "
+                             f"(runner-ups scored per turn, e.g. {self.hierarchy.width}), or hierarchy.tasks=0")
         if not (self.model == "default" or self.model.startswith("hf:")):
             raise ValueError(f"model must be default or hf:PATH (a model this process can train), got {self.model!r}")
         name, section = rl_section(self)
@@ -399,10 +407,12 @@ def _run(cfg: TrainConfig, progress: bool, ctx: DistContext | None, evaluator: C
         if main:
             save_final_model(policy, out / "final_model", full)
         with full_params(policy.model):  # rank 0 evaluates a sharded model alone: no collectives in its forwards
-            if cfg.eval.critic_guided and not stages.done("eval_final_critic"):  # before final: a rerun redoes both
-                held_out("final_critic", lambda engine: CriticGuidedPolicy(
-                    engine, trainer.reply_values, cfg.eval.critic_guided, cfg.eval.critic_margin, cfg.eval.critic_prior))
+            own_critic = cfg.eval.critic_guided and not cfg.hierarchy.tasks  # ArCHer acting with its own critic
+            if own_critic and not stages.done("eval_final_critic"):  # before final: a rerun redoes both
+                held_out("final_critic", lambda engine: _acting(cfg, engine, trainer.reply_values))
             held_out("final")
+    if cfg.hierarchy.tasks and rl_cfg.iterations > 0 and not stages.done("eval_final_critic"):
+        _hierarchy_stage(cfg, rl_cfg, policy, stages, collector, held_out, say, progress and main)
     if rl_cfg.iterations > 0:
         say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
         if "eval_final_critic" in stages.data:
@@ -427,6 +437,34 @@ def _run(cfg: TrainConfig, progress: bool, ctx: DistContext | None, evaluator: C
         _write_json(out / "summary.json", summary)
         plot_stages(summary["held_out"], out / "stages.png", f"{cfg.env_id}: held-out success per stage", cfg.algo)
     return summary
+
+
+def _hierarchy_stage(cfg: TrainConfig, rl_cfg: Any, policy: Any, stages: _Stages, collector: Collector,
+                     held_out: Callable, say: Callable, progress: bool) -> None:
+    """The critic of the trained actor (``trainers.hierarchy``), then the held-out evaluation of the
+    actor acting with it (stage ``final_critic``); below the gate the actor acts alone."""
+    out = Path(cfg.output_dir)
+    actor = trained_actor(out / cfg.algo)
+    if not stages.done("hierarchy"):
+        say(f"[hierarchy] fitting the critic of the trained actor on {cfg.hierarchy.tasks} training tasks")
+    policy.model.load_state_dict(actor.pop("model"))  # the RL stage's final weights (a rerun starts from SFT's)
+    policy.invalidate_caches()
+    with CLOCK.stage("hierarchy"):
+        critic, record = fit_critic(policy, cfg.env_id, cfg.hierarchy, rl_cfg, trained_on=actor["screened"],
+                                    env_kwargs=_with_split(cfg.env_kwargs, cfg.train_split), out_dir=out / "hierarchy",
+                                    collector=collector, progress=progress)
+    stages.finish("hierarchy", record)
+    if record["gate_open"]:
+        held_out("final_critic", lambda engine: _acting(cfg, engine, critic.reply_values))
+    else:
+        say(f"[hierarchy] the critic's sibling AUC {record.get('sibling_auc_xfit')} is below the gate "
+            f"{cfg.hierarchy.gate}: the actor acts alone")
+        stages.finish("eval_final_critic", {**stages.data["eval_final"], "acting/gate_open": 0.0})
+
+
+def _acting(cfg: TrainConfig, engine: Any, values: Callable) -> CriticGuidedPolicy:
+    """The trained actor (``engine`` generates with it) acting with a critic's ``values``."""
+    return CriticGuidedPolicy(engine, values, cfg.eval.critic_guided, cfg.eval.critic_margin, cfg.eval.critic_prior)
 
 
 def _line(tag: str, s: dict) -> str:

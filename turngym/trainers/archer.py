@@ -219,6 +219,8 @@ class ArcherConfig(OnlineConfig):
                                    "iterations): branch BC's update, so the critic's AWR is measured as an addition to it")
     clone_greedy: bool = knob(False, "clone_wins: the screen's greedy wins are remembered too, as branch BC's clone_greedy "
                                      "(else only what the search found)")
+    train_actor: bool = knob(True, "false: only the critic learns, the actor is left as it is (the critic of a trained "
+                                   "actor that turngym.trainers.hierarchy fits for acting)")
     expert_replay: int = knob(0, "the oracle's episodes on N training tasks (the SFT stage's demonstrations) join every "
                                  "actor update with weight 1; 0 = off")
     critic_holdout: float = knob(0.125, "share of the training tasks whose turns the critic never trains on: their "
@@ -479,6 +481,9 @@ class ArcherTrainer(OnlineTrainer):
         # the gate guards against a critic at chance driving the actor: with awr_values=returns it does not drive it
         gate = cfg.critic_gate <= 0 or cfg.awr_values == "returns" or evidence >= cfg.critic_gate
         active = self.critic_steps >= cfg.critic_warmup and gate
+        if not cfg.train_actor:  # the critic of a fixed actor: no actor memory, no update
+            metrics["actor/active"] = 0.0
+            return self.finish_step(metrics)
         if cfg.actor_loss == "awr":
             self._remember(trajs, enc, siblings, values)
             self._remember_wins(trajs, enc, own, values)

@@ -64,7 +64,7 @@ class MetricsLogger:
             self.wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
 
     def rows(self) -> list[dict]:
-        return _read_rows(self.path)
+        return read_rows(self.path)
 
     def truncate(self, step: int) -> None:
         """Keep only the rows up to ``step`` (and no torn last line): the run resumes from there."""
@@ -85,7 +85,7 @@ class MetricsLogger:
             self.wandb.finish()
 
 
-def _read_rows(path: Path) -> list[dict]:
+def read_rows(path: Path) -> list[dict]:
     """The logged rows; a last line cut short by a kill is dropped."""
     if not path.exists():
         return []

@@ -1,0 +1,86 @@
+"""The hierarchy over a trained actor (``trainers.hierarchy``): its knobs, and the stage end to end on the
+tiny model and the toy env: the critic is fitted to the RL stage's final actor on the tasks that stage
+never played, reported beside the actor alone, resumed from its checkpoint, and held back by its gate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_protocol import _protocol, _tiny_base
+
+from turngym.train import EvalConfig, TrainConfig
+from turngym.trainers.archer import ArcherConfig
+from turngym.trainers.branch_bc import BranchBCConfig
+from turngym.trainers.hierarchy import HierarchyConfig, critic_config, gate_open
+
+BRANCH = "branch: {iterations: 1, episodes_per_iter: 2, num_envs: 2, max_new_tokens: 6, autocast: none}"
+
+
+def test_the_critic_run_leaves_the_actor_alone_and_branches_every_candidate():
+    actor = BranchBCConfig(num_envs=5, max_turns=7, max_state_visits=3, max_new_tokens=11, trainable="top:2")
+    cfg = critic_config(HierarchyConfig(tasks=12, points=4, width=2, seed=3), actor)
+    assert isinstance(cfg, ArcherConfig) and not cfg.train_actor and cfg.iterations == 1
+    assert (cfg.episodes_per_iter, cfg.branch_points, cfg.branch_width, cfg.branch_depth) == (12, 4, 2, 1)
+    assert cfg.branch_wins and cfg.critic_no_ops and cfg.critic_holdout == 0 and cfg.seed == 3
+    assert (cfg.num_envs, cfg.max_turns, cfg.max_state_visits, cfg.max_new_tokens) == (5, 7, 3, 11)
+    with pytest.raises(ValueError, match="trainable=all or top:K"):
+        critic_config(HierarchyConfig(tasks=1), BranchBCConfig(trainable="lora"))
+
+
+def test_gate_by_hand():
+    assert gate_open(0.75, 0.75) and gate_open(0.9, 0.75) and not gate_open(0.74, 0.75)
+    assert not gate_open(None, 0.75) and gate_open(None, 0.0) and gate_open(0.2, 0.0)
+
+
+def test_hierarchy_knobs_are_checked():
+    with pytest.raises(ValueError, match="hierarchy.gate"):
+        HierarchyConfig(gate=1.5)
+    with pytest.raises(ValueError, match="hierarchy.branch_by"):
+        HierarchyConfig(branch_by="oracle")
+    with pytest.raises(ValueError, match="set eval.critic_guided"):
+        TrainConfig(hierarchy=HierarchyConfig(tasks=8))
+    # any RL stage can act with the critic the stage fits: branch BC trains none of its own
+    assert TrainConfig(hierarchy=HierarchyConfig(tasks=8), eval=EvalConfig(critic_guided=3)).algo == "branch_bc"
+    with pytest.raises(ValueError, match="trains no utterance critic"):
+        TrainConfig(eval=EvalConfig(critic_guided=3))
+
+
+def test_the_hierarchy_stage_end_to_end_resumes_and_gates(tmp_path, tiny_tokenizer, capsys):
+    cfg = _tiny_base(tmp_path, tiny_tokenizer, "branch_bc", BRANCH)
+    text = cfg.read_text().replace("env_kwargs: {}", "env_kwargs: {n_tasks: 6}")
+    cfg.write_text(text)
+    out = tmp_path / "protocol"
+    arm = "hier=branch_bc:hierarchy.tasks=2 hierarchy.gate=0 hierarchy.critic_updates=4 eval.critic_guided=2"
+    argv = ["--config", str(cfg), "--arm", "sft", "--arm", "branch_bc", "--arm", arm, "--seeds", "0",
+            "--games", "3", "--samples", "0", "--out", str(out), "--quiet"]
+    report = _protocol(argv)
+    assert set(report["finals"]) == {"sft", "branch_bc", "hier", "hier+critic"}
+    # the same actor as the arm without the stage, game for game
+    assert report["finals"]["hier"][0]["per_episode_success"] == report["finals"]["branch_bc"][0]["per_episode_success"]
+    guided = report["finals"]["hier+critic"][0]
+    assert guided["acting/turns"] > 0 and 0 <= guided["acting/moved"] <= guided["acting/turns"]
+    stages = json.loads((out / "seed0" / "hier" / "stages.json").read_text())
+    record = stages["hierarchy"]
+    assert record["fresh_tasks"] == 2 and record["gate_open"]  # the 2 tasks branch BC never screened
+    critic_rows = (out / "seed0" / "hier" / "hierarchy" / "metrics.jsonl").read_text().splitlines()
+    assert len(critic_rows) == 1 and json.loads(critic_rows[0])["actor/active"] == 0.0
+
+    # a rerun after a kill before the acting evaluation reloads the critic (no second fit) and evaluates it
+    del stages["eval_final_critic"]
+    (out / "seed0" / "hier" / "stages.json").write_text(json.dumps(stages))
+    capsys.readouterr()
+    again = _protocol(argv)
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[protocol]")]
+    assert len(lines) == 1 and "hier final_critic" in lines[0]
+    assert again["finals"]["hier+critic"][0]["per_episode_success"] == guided["per_episode_success"]
+    assert len((out / "seed0" / "hier" / "hierarchy" / "metrics.jsonl").read_text().splitlines()) == 1
+
+    # a gate the critic cannot pass: the hierarchy is the actor alone, with no second evaluation
+    shut = "shut=branch_bc:hierarchy.tasks=2 hierarchy.gate=1.0 hierarchy.critic_updates=4 eval.critic_guided=2"
+    gated = _protocol([*argv[:6], "--arm", shut, *argv[6:]])
+    shut_record = json.loads((out / "seed0" / "shut" / "stages.json").read_text())["hierarchy"]
+    assert shut_record["gate_open"] == (shut_record.get("sibling_auc_xfit") == 1.0)  # only a perfect ranking passes
+    if not shut_record["gate_open"]:
+        assert gated["finals"]["shut+critic"][0]["acting/gate_open"] == 0.0
+        assert gated["finals"]["shut+critic"][0]["per_episode_success"] == gated["finals"]["shut"][0]["per_episode_success"]
