@@ -12,7 +12,7 @@ from test_protocol import _protocol, _tiny_base
 from turngym.train import EvalConfig, TrainConfig
 from turngym.trainers.archer import ArcherConfig
 from turngym.trainers.branch_bc import BranchBCConfig
-from turngym.trainers.hierarchy import HierarchyConfig, critic_config, gate_open
+from turngym.trainers.hierarchy import HierarchyConfig, acting_gain, critic_config, gate_open
 
 BRANCH = "branch: {iterations: 1, episodes_per_iter: 2, num_envs: 2, max_new_tokens: 6, autocast: none}"
 
@@ -63,6 +63,8 @@ def test_the_hierarchy_stage_end_to_end_resumes_and_gates(tmp_path, tiny_tokeniz
     stages = json.loads((out / "seed0" / "hier" / "stages.json").read_text())
     record = stages["hierarchy"]
     assert record["fresh_tasks"] == 2 and record["gate_open"]  # the 2 tasks branch BC never screened
+    if "sibling_auc_xfit" in record:  # sibling pairs were found: acting was estimated out of sample at their states
+        assert set(record["acting_xfit"]) == {"0.0", "0.03", "0.1", "0.3", "1.0"}
     critic_rows = (out / "seed0" / "hier" / "hierarchy" / "metrics.jsonl").read_text().splitlines()
     assert len(critic_rows) == 1 and json.loads(critic_rows[0])["actor/active"] == 0.0
 
@@ -84,3 +86,18 @@ def test_the_hierarchy_stage_end_to_end_resumes_and_gates(tmp_path, tiny_tokeniz
     if not shut_record["gate_open"]:
         assert gated["finals"]["shut+critic"][0]["acting/gate_open"] == 0.0
         assert gated["finals"]["shut+critic"][0]["per_episode_success"] == gated["finals"]["shut"][0]["per_episode_success"]
+
+
+def test_acting_gain_by_hand():
+    # two states; the policy's own reply first in each. State A: own 0.0 (logp -0.1), runner-up 1.0 (logp -3.0).
+    # State B: own 1.0 (logp -0.2), runner-up 0.0 (logp -2.0).
+    groups = [[0, 1], [2, 3]]
+    values, logprobs = [0.0, 1.0, 1.0, 0.0], [-0.1, -3.0, -0.2, -2.0]
+    scores = [0.2, 0.6, 0.5, 0.55]  # the critic prefers the runner-up at both
+    alone = acting_gain(scores, values, logprobs, groups, prior=0.0)
+    assert alone == {"gain": 0.0, "moved": 1.0, "better": 1.0, "worse": 1.0, "states": 2.0}  # (+1 - 1) / 2
+    # prior 0.1: A scores 0.2 - 0.01 = 0.19 vs 0.6 - 0.3 = 0.3 (moves); B 0.5 - 0.02 = 0.48 vs 0.55 - 0.2 = 0.35 (stays)
+    assert acting_gain(scores, values, logprobs, groups, prior=0.1) == {"gain": 0.5, "moved": 0.5, "better": 1.0,
+                                                                        "worse": 0.0, "states": 2.0}
+    # prior 1.0: A 0.2 - 0.1 = 0.1 vs 0.6 - 3.0: the actor's choice everywhere
+    assert acting_gain(scores, values, logprobs, groups, prior=1.0)["moved"] == 0.0

@@ -453,6 +453,8 @@ def _hierarchy_stage(cfg: TrainConfig, rl_cfg: Any, policy: Any, stages: _Stages
         critic, record = fit_critic(policy, cfg.env_id, cfg.hierarchy, rl_cfg, trained_on=actor["screened"],
                                     env_kwargs=_with_split(cfg.env_kwargs, cfg.train_split), out_dir=out / "hierarchy",
                                     collector=collector, progress=progress)
+    if stages.done("hierarchy"):  # the critic was reloaded: the record made when it was fitted stands
+        record = stages.data["hierarchy"]
     stages.finish("hierarchy", record)
     if record["gate_open"]:
         held_out("final_critic", lambda engine: _acting(cfg, engine, critic.reply_values))

@@ -251,15 +251,16 @@ class Tree:
         """Turn indices of episode ``i`` that no other episode of the tree holds."""
         return range(self.branch_turn[i], len(self.episodes[i].turns))
 
-    def sibling_groups(self) -> list[list[tuple[int, int]]]:
+    def sibling_groups(self, no_ops: bool = False) -> list[list[tuple[int, int]]]:
         """``(episode, turn)`` pairs that are different actions from one state: a parent's turn j
-        and the first turn of every branch that left it at turn j. Each action's episode plays on
-        from it (greedily), so that episode's outcome is the action's label. Groups of one are left out,
-        and so are no-op branches (``is_no_op``): a refused reply is told from an accepted one by the
-        env's message alone, so ranking it below its siblings says nothing about the critic."""
+        (first) and the first turn of every branch that left it at turn j. Each action's episode plays
+        on from it (greedily), so that episode's outcome is the action's label. Groups of one are left
+        out, and so are no-op branches (``is_no_op``) unless ``no_ops``: a refused reply is told from an
+        accepted one by the env's message alone, so ranking it below its siblings says nothing about
+        the critic (but a critic that acts is offered such replies too)."""
         groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for i, (p, j) in enumerate(zip(self.parent, self.branch_turn)):
-            if p >= 0 and not is_no_op(self.episodes[i]):
+            if p >= 0 and (no_ops or not is_no_op(self.episodes[i])):
                 groups.setdefault((p, j), [(p, j)]).append((i, j))
         return [g for g in groups.values() if len(g) > 1]
 

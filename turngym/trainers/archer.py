@@ -408,6 +408,7 @@ class ArcherTrainer(OnlineTrainer):
         self.heldout: dict[str, torch.Tensor] = {}  # sibling pairs of the held-out tasks: s, sa, value, group
         self.experts: list[Trajectory] = []
         self._rank_stats: dict[str, float] = {}  # branch_rank=critic: this iteration's points, and replies moved
+        self.crossfit: dict | None = None  # the last cross-fit's out-of-sample scores of each state's candidates
 
     # ----- setup ---------------------------------------------------------------------------
     def needs_reference(self) -> bool:
@@ -471,7 +472,11 @@ class ArcherTrainer(OnlineTrainer):
         auc_before, pairs_before = Fn.sibling_auc(adv, values, fresh)
         if pairs_before:  # in sample for states seen in earlier iterations; undefined without a pair
             metrics["critic/sibling_auc_before"] = auc_before
-        metrics.update(self._crossfit_auc(train, fresh, enc, (r, done, next_s, v_sa), values, trajs))
+        offered = fresh  # what a critic that acts is offered at a state: the refused replies too
+        if cfg.critic_no_ops:
+            offered = [g for g in ([row[ref] for ref in g] for g in tree.sibling_groups(no_ops=True))
+                       if trajs[enc.refs[g[0]][0]].task_id not in self.heldout_tasks]
+        metrics.update(self._crossfit_auc(train, fresh, enc, (r, done, next_s, v_sa), values, trajs, offered))
         self._add_transitions(self.buffer, train, enc, r, done, next_s, v_sa)
         metrics.update(self._critic_updates(cfg.critic_updates))
         self._keep_heldout_pairs([g for g in siblings if g[0] in set(held)], enc, values)
@@ -701,18 +706,25 @@ class ArcherTrainer(OnlineTrainer):
         return sums
 
     def _crossfit_auc(self, rows: list[int], groups: list[list[int]], enc: Encoded, transitions: tuple,
-                      values: torch.Tensor, trajs: list[Trajectory]) -> dict[str, float]:
+                      values: torch.Tensor, trajs: list[Trajectory],
+                      offered: list[list[int]] | None = None) -> dict[str, float]:
         """``critic/sibling_auc_xfit``: this iteration's sibling pairs, out of sample. The tasks are
         split in two halves; for each half, a copy of the critic as it stands trains (``critic_updates``
         steps, on the replay buffer plus this iteration's turns of the OTHER half) and scores the
-        half's pairs, so no pair is scored by a critic that saw its task this iteration."""
+        half's pairs, so no pair is scored by a critic that saw its task this iteration.
+
+        ``offered`` (default ``groups``): the states' whole candidate sets, refused replies included,
+        scored the same way; with their returns and log-probs they are kept in ``self.crossfit``, from
+        which ``trainers.hierarchy`` estimates, out of sample, what acting with the critic would earn."""
+        offered = groups if offered is None else offered
+        self.crossfit = None
         if not groups or self._hidden_layer is not None:  # top:K: a copy of its blocks per fold is too dear
             return {}
         task = lambda i: trajs[enc.refs[i][0]].task_id
         half = lambda i: int(hashlib.sha256(f"{self.iteration}:{task(i)}".encode()).hexdigest()[:8], 16) % 2
         scores = torch.zeros(len(enc.refs))
         for f in (0, 1):
-            mine = [i for g in groups if half(g[0]) == f for i in g]
+            mine = [i for g in offered if half(g[0]) == f for i in g]
             if not mine:
                 continue
             critic, target = copy.deepcopy(self.critic), copy.deepcopy(self.critic_target)
@@ -725,6 +737,8 @@ class ArcherTrainer(OnlineTrainer):
                 s = critic.encode(_select(enc.s, index))
                 adv = Fn.double_q_min(*critic.q_values(s, _select(enc.sa, index))) - critic.value(s)
             scores[index] = adv
+        logp = [sum(x for x in trajs[ti].action_logprobs(k) if not math.isnan(x)) for ti, k in enc.refs]
+        self.crossfit = {"groups": offered, "scores": scores.tolist(), "values": values.tolist(), "logprobs": logp}
         auc, pairs = Fn.sibling_auc(scores, values, groups)
         if not pairs:
             return {}

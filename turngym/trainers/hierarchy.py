@@ -33,12 +33,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from turngym.config import knob
 from turngym.rollout.branching import BRANCH_BY
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
 from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint
+from turngym.trainers.critic_guided import pick_reply, reply_scores
 from turngym.trainers.logger import read_rows
 
 
@@ -85,6 +86,33 @@ def critic_config(cfg: HierarchyConfig, actor: Any) -> ArcherConfig:
         branch_wins=True, critic_no_ops=True,
         train_actor=False, critic_gate=1.0, critic_holdout=0.0, expert_labels=False,
         critic_updates=cfg.critic_updates, critic_lr=cfg.critic_lr, critic_hidden=cfg.critic_hidden)
+
+
+ACTING_PRIORS = (0.0, 0.03, 0.1, 0.3, 1.0)  # the prior weights whose acting is estimated out of sample
+
+
+def acting_gain(scores: Sequence[float], values: Sequence[float], logprobs: Sequence[float], groups: list[list[int]],
+                prior: float, margin: float = 0.0) -> dict[str, float]:
+    """What acting with a critic would earn at a set of states, with ``CriticGuidedPolicy``'s rule.
+
+    Each group holds the row indices of one state's candidate replies, the policy's own first; row
+    ``i`` has the critic's score (out of sample), the return playing it earned (the actor greedy after
+    it) and its log-probability under the actor. At each state the rule plays
+    ``pick_reply(reply_scores(scores, logprobs, prior), margin)``.
+
+    Returns:
+        ``gain``: the mean over states of the return of the reply played minus the policy's own;
+        ``moved``: the share of states where another reply is played; ``better`` / ``worse``: the
+        states where that earned more / less; ``states``: how many.
+    """
+    diffs, moved = [], 0
+    for g in groups:
+        pick = pick_reply(reply_scores([scores[i] for i in g], [[logprobs[i]] for i in g], prior), margin)
+        diffs.append(values[g[pick]] - values[g[0]])
+        moved += pick != 0
+    n = max(len(groups), 1)
+    return {"gain": sum(diffs) / n, "moved": moved / n, "better": float(sum(d > 0 for d in diffs)),
+            "worse": float(sum(d < 0 for d in diffs)), "states": float(len(groups))}
 
 
 def gate_open(auc: float | None, gate: float) -> bool:
@@ -136,6 +164,10 @@ def fit_critic(policy: Any, env_id: str, cfg: HierarchyConfig, actor: Any, *, tr
             "search/no_op_leaves", "search/sibling_groups", "rollout/success", "env_steps", "train_seconds")
     record = {k.split("/")[-1]: metrics[k] for k in keys if k in metrics}
     record["fresh_tasks"] = sum(t not in trained_on for t in trainer.screened)
+    fit = trainer.crossfit  # None for a critic reloaded from its checkpoint (its record was made at the fit)
+    if fit is not None:
+        record["acting_xfit"] = {str(p): acting_gain(fit["scores"], fit["values"], fit["logprobs"], fit["groups"], p)
+                                 for p in ACTING_PRIORS}
     record["gate_open"] = gate_open(metrics.get("critic/sibling_auc_xfit"), cfg.gate)
     record["config"] = asdict(cfg)
     return trainer, record
