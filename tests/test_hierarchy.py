@@ -101,3 +101,33 @@ def test_acting_gain_by_hand():
                                                                         "worse": 0.0, "states": 2.0}
     # prior 1.0: A 0.2 - 0.1 = 0.1 vs 0.6 - 3.0: the actor's choice everywhere
     assert acting_gain(scores, values, logprobs, groups, prior=1.0)["moved"] == 0.0
+
+
+def test_tree_features_match_a_whole_forward_of_every_episode(tiny_tokenizer):
+    import torch
+
+    from fixtures_model import NonsenseFirst, build_tiny_model
+    from test_branching import ENV, TEXT, _played
+    from turngym.rollout import make_env_factory
+    from turngym.rollout.branching import Tree, branch_search
+    from turngym.trainers.actor import reference_pass
+    from turngym.trainers.critic_encoder import tree_features
+    from turngym.trainers.sequences import pack_batch
+
+    policy = NonsenseFirst(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+    spec, root = _played(policy, task="4")
+    found = branch_search(policy, make_env_factory(ENV, **TEXT), [(spec, root)], points=2, width=3, depth=2,
+                          max_new_tokens=6, keep_no_ops=True, from_wins=True)
+    tree = Tree.from_search([root], found)
+    parts = tree_features(policy.model, tree.episodes, tree.parent, tree.branch_turn)
+    direct = {i for i, p in enumerate(tree.parent) if p == 0}
+    deeper = {i for i, p in enumerate(tree.parent) if p > 0}
+    assert direct and deeper  # both kinds are in this tree
+    assert {i for i, _ in parts} == {0} | direct  # a branch of a branch is left to the whole-episode path
+    batch = pack_batch(tree.episodes, policy.pad_id)
+    hidden = reference_pass(policy.model, batch, True, "none")[1]
+    for n, (ti, k) in enumerate(batch.turn_refs):
+        if (ti, k) in parts:
+            s, sa = parts[(ti, k)]
+            torch.testing.assert_close(s, hidden[tuple(batch.state_pos[n])].float(), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(sa, hidden[tuple(batch.action_pos[n])].float(), atol=1e-4, rtol=1e-4)

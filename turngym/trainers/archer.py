@@ -153,7 +153,8 @@ from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, autocast, reference_pass
 from turngym.trainers.archer_critic import ReplayBuffer, UtteranceCritic, ValueHead, make_target, soft_update  # noqa: F401
 from turngym.trainers.branch_bc import better
-from turngym.trainers.critic_encoder import TextFeatureEncoder, TrunkTopEncoder, Window, shared_prompt_features
+from turngym.trainers.critic_encoder import (TextFeatureEncoder, TrunkTopEncoder, Window, shared_prompt_features,
+                                             tree_features)
 from turngym.trainers.critic_guided import reply_scores
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.registry import Algorithm, register_algorithm
@@ -456,7 +457,7 @@ class ArcherTrainer(OnlineTrainer):
         rewards = self.reward_fn(trajs)
         metrics.update(reward_stats(self.reward_fn))  # G-RA gate rates, SPA fit error, shaping...
         # 3. features of every turn: one reference forward per episode
-        enc = self._encode(trajs, whole=cfg.actor_loss == "ppo")
+        enc = self._encode(trajs, whole=cfg.actor_loss == "ppo", tree=tree)
         r, done, next_s = _transitions(enc.refs, rewards, enc.s)
         row = {ref: i for i, ref in enumerate(enc.refs)}
         own = [row[(i, k)] for i in range(len(trajs)) for k in tree.own_turns(i) if (i, k) in row]
@@ -627,19 +628,26 @@ class ArcherTrainer(OnlineTrainer):
 
     # ----- 3. features ---------------------------------------------------------------------------
     @torch.no_grad()
-    def _encode(self, trajs: list[Trajectory], whole: bool = False) -> Encoded:
+    def _encode(self, trajs: list[Trajectory], whole: bool = False, tree: Tree | None = None) -> Encoded:
         """phi(s), phi(s, a) of every turn of ``trajs``: one reference forward per episode, in
         chunks of ``num_envs`` episodes of similar length (little padding); ``whole``: one batch,
-        kept with its reference log-probs and hidden states (the PPO actor and token baseline read them)."""
+        kept with its reference log-probs and hidden states (the PPO actor and token baseline read them).
+        With ``tree`` (whose episodes ``trajs`` are) and the reference encoder, a branch that leaves a
+        root runs only its own tokens, on the root's keys and values (``critic_encoder.tree_features``)."""
         cfg = self.cfg
         if whole:
             batch = pack_batch(trajs, self.policy.pad_id)
             ref_logprobs, hidden = reference_pass(self.ref, batch, self._hidden, cfg.autocast, self._hidden_layer)
             s, sa = self._features(batch, hidden, trajs)
             return Encoded(list(batch.turn_refs), s, sa, batch, ref_logprobs, hidden)
-        order = sorted(range(len(trajs)), key=lambda i: sum(t.num_tokens for t in trajs[i].turns)
-                       + len(trajs[i].prompt_ids(len(trajs[i].turns) - 1) if trajs[i].turns else []))
         parts: dict[tuple[int, int], tuple] = {}
+        if tree is not None and self._hidden and self._hidden_layer is None:
+            with autocast(self.ref, cfg.autocast):
+                parts = tree_features(self.ref, trajs, tree.parent, tree.branch_turn)
+        covered = {i for i, _ in parts}
+        rest = [i for i in range(len(trajs)) if i not in covered]
+        order = sorted(rest, key=lambda i: sum(t.num_tokens for t in trajs[i].turns)
+                       + len(trajs[i].prompt_ids(len(trajs[i].turns) - 1) if trajs[i].turns else []))
         for c in range(0, len(order), cfg.num_envs):
             idx = order[c : c + cfg.num_envs]
             chunk = [trajs[i] for i in idx]

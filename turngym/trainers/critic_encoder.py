@@ -19,6 +19,7 @@ prefix it reproduces the reference's own final hidden state, the ``reference`` e
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
@@ -136,3 +137,70 @@ def shared_prompt_features(ref: nn.Module, prompt: list[int], replies: list[list
     pos = torch.arange(len(prompt), len(prompt) + ids.shape[1], device=device).expand_as(ids)
     h = backbone(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True).last_hidden_state
     return out.last_hidden_state[0, -1].float(), h[torch.arange(len(replies)), lens - 1].float()
+
+
+@torch.no_grad()
+def tree_features(ref: nn.Module, episodes: list[Trajectory], parent: list[int],
+                  branch_turn: list[int]) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    """The reference encoder's phi(s), phi(s, a) ``(H,)`` of every turn of a tree's roots and of the
+    branches that leave a root, keyed ``(episode, turn)``: each root's tokens run once, and a branch
+    runs only its own tokens, on the root's keys and values up to where it left it.
+
+    Why: a branch replays its root's turns token for token before its own (``rollout.branching``),
+    so encoding every branch from its first token repeats the root's prompt, often most of the
+    branch's tokens, once per branch. Turns before a branch's own are its root's features. Roots and
+    branches whose records are not one segment, or do not share the root's tokens, and deeper
+    branches, are left out: the caller encodes those whole (``sequences.pack_batch``).
+    """
+    backbone, _ = backbone_and_head(ref)
+    device = next(ref.parameters()).device
+    children: dict[int, dict[int, list[int]]] = {}  # root -> where a branch leaves it -> the branches
+    for i, (p, j) in enumerate(zip(parent, branch_turn)):
+        if p >= 0 and parent[p] < 0 and _one_segment(episodes[i]) and _one_segment(episodes[p]):
+            at = episodes[i].turns[j].span[0]
+            if episodes[i].record.ids[:at] == episodes[p].record.ids[:at]:
+                children.setdefault(p, {}).setdefault(at, []).append(i)
+    out: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    for r, root in enumerate(episodes):
+        if parent[r] >= 0 or not _one_segment(root):
+            continue
+        ids, points = root.record.ids, children.get(r, {})
+        # the root's tokens in pieces that end where branches leave it: the cache at each such point
+        # serves its branches, then grows on with the root's next piece (no token runs twice)
+        pieces, tails, cache, start = [], {}, None, 0
+        for at in [*sorted(points), len(ids)]:
+            if at > start:
+                run = backbone(input_ids=torch.tensor([ids[start:at]], device=device), past_key_values=cache,
+                               position_ids=torch.arange(start, at, device=device)[None], use_cache=True)
+                cache, start = run.past_key_values, at
+                pieces.append(run.last_hidden_state[0].float())
+            if at in points:
+                tails[at] = _branch_tails(backbone, copy.deepcopy(cache), at, [episodes[b].record.ids for b in points[at]])
+        h = torch.cat(pieces)
+        for k, turn in enumerate(root.turns):
+            out[(r, k)] = (h[turn.span[0] - 1], h[turn.span[1] - 1])
+        for at, group in points.items():
+            for row, b in enumerate(group):
+                read = lambda p, row=row, at=at: h[p] if p < at else tails[at][row, p - at]  # noqa: E731
+                for k, turn in enumerate(episodes[b].turns):
+                    out[(b, k)] = out[(r, k)] if k < branch_turn[b] else (read(turn.span[0] - 1), read(turn.span[1] - 1))
+    return out
+
+
+def _branch_tails(backbone: nn.Module, cache: Any, at: int, records: list[list[int]]) -> torch.Tensor:
+    """Final hidden states ``(n, T, H)`` of each record's tokens from position ``at`` on, given the
+    keys and values of the tokens before it (``cache``, for one sequence: repeated here, in place).
+    The rows are right-padded with their own first token: under causal attention no real token reads it."""
+    device = next(backbone.parameters()).device
+    tails = [ids[at:] for ids in records]
+    width = max(len(t) for t in tails)
+    cache.batch_repeat_interleave(len(tails))
+    ids = torch.tensor([t + [t[0]] * (width - len(t)) for t in tails], device=device)
+    pos = torch.arange(at, at + width, device=device).expand_as(ids)
+    return backbone(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True).last_hidden_state.float()
+
+
+def _one_segment(traj: Trajectory) -> bool:
+    """Whether the episode's record is one training sequence, with a span for every turn."""
+    rec = traj.record
+    return rec is not None and rec.starts == [0] and bool(traj.turns) and all(t.span is not None for t in traj.turns)

@@ -57,6 +57,8 @@ class HierarchyConfig:
     critic_updates: int = knob(3000, "TD updates of the critic's heads (over stored features: cheap)")
     critic_lr: float = knob(3e-4, "critic learning rate (AdamW)")
     critic_hidden: int = knob(256, "width of the critic's MLP heads")
+    env_kwargs: dict = knob({}, "overrides of the training env's kwargs for the critic's episodes, e.g. "
+                                "{num_games: 256} on TextWorld: more training tasks than the RL stage played")
     gate: float = knob(0.75, "the critic acts only when its cross-fitted sibling AUC is at least this (0: always)")
     seed: int = knob(0, "seeds the screen's task order and the critic's minibatches")
 
@@ -151,8 +153,8 @@ def fit_critic(policy: Any, env_id: str, cfg: HierarchyConfig, actor: Any, *, tr
         The trainer (``reply_values`` scores replies for ``CriticGuidedPolicy``) and the stage's
         record: the critic's cross-fitted sibling AUC, its interval and pairs, and whether the gate opened.
     """
-    trainer = ArcherTrainer(policy, env_id, critic_config(cfg, actor), env_kwargs=env_kwargs, out_dir=out_dir,
-                            collector=collector)
+    trainer = ArcherTrainer(policy, env_id, critic_config(cfg, actor), env_kwargs={**env_kwargs, **cfg.env_kwargs},
+                            out_dir=out_dir, collector=collector)
     trainer.setup()
     # screen_order plays never-screened tasks first: marking the RL stage's tasks as screened puts them last
     trainer.screened = {t: 0 for t in trained_on}
