@@ -131,3 +131,10 @@ def test_tree_features_match_a_whole_forward_of_every_episode(tiny_tokenizer):
             s, sa = parts[(ti, k)]
             torch.testing.assert_close(s, hidden[tuple(batch.state_pos[n])].float(), atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(sa, hidden[tuple(batch.action_pos[n])].float(), atol=1e-4, rtol=1e-4)
+
+
+def test_acting_headroom_by_hand():
+    from turngym.trainers.hierarchy import acting_headroom
+
+    # state A: own 0, a runner-up 1 -> +1; state B: own 1, runner-up 0 -> nothing to gain
+    assert acting_headroom([0.0, 1.0, 1.0, 0.0], [[0, 1], [2, 3]]) == {"gain": 0.5, "better": 1.0, "states": 2.0}

@@ -117,6 +117,15 @@ def acting_gain(scores: Sequence[float], values: Sequence[float], logprobs: Sequ
             "worse": float(sum(d < 0 for d in diffs)), "states": float(len(groups))}
 
 
+def acting_headroom(values: Sequence[float], groups: list[list[int]]) -> dict[str, float]:
+    """What acting could earn at most at these states (``acting_gain``'s groups): playing each
+    state's best candidate. ``gain``: the mean of its return minus the policy's own reply's;
+    ``better``: the states where some candidate earned more than the policy's reply."""
+    diffs = [max(values[i] for i in g) - values[g[0]] for g in groups]
+    return {"gain": sum(diffs) / max(len(groups), 1), "better": float(sum(d > 0 for d in diffs)),
+            "states": float(len(groups))}
+
+
 def gate_open(auc: float | None, gate: float) -> bool:
     """Whether a critic whose out-of-sample sibling AUC is ``auc`` may act: at least ``gate``. Without
     sibling pairs (``auc`` None) nothing shows that it ranks replies, so only a gate of 0 opens."""
@@ -170,6 +179,7 @@ def fit_critic(policy: Any, env_id: str, cfg: HierarchyConfig, actor: Any, *, tr
     if fit is not None:
         record["acting_xfit"] = {str(p): acting_gain(fit["scores"], fit["values"], fit["logprobs"], fit["groups"], p)
                                  for p in ACTING_PRIORS}
+        record["acting_headroom"] = acting_headroom(fit["values"], fit["groups"])
     record["gate_open"] = gate_open(metrics.get("critic/sibling_auc_xfit"), cfg.gate)
     record["config"] = asdict(cfg)
     return trainer, record
