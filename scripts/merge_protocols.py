@@ -5,7 +5,8 @@ each arm's per-game outcomes from the runs' ``protocol.json`` files and builds t
 table from them: per seed a paired bootstrap CI and McNemar p, and over seeds a seed-level t-interval
 and a cluster bootstrap over games. Each ``--run`` names a ``protocol.json``, optionally followed by
 the arms to take from it (``arm`` or ``arm=new_name``); by default all of them. An (arm, seed) that
-two runs both hold is an error, so that no outcome is silently replaced.
+two runs both hold is an error, so that no outcome is silently replaced. Writes OUT.json (the table,
+the finals and the curves), OUT.md and, where the runs recorded learning curves, OUT.png.
 
     python scripts/merge_protocols.py --baseline branch_bc --baseline sft \\
         --run docs/results/protocol_2026-11-26_search_three_seeds.json branch_bc archer sft \\
@@ -18,30 +19,34 @@ import argparse
 import json
 from pathlib import Path
 
-from turngym.bench.protocol import compare_arms, markdown_report
+from turngym.bench.protocol import compare_arms, markdown_report, plot_curves
 
 
-def take(report: dict, picks: list[str]) -> dict[str, dict[str, dict]]:
-    """``{arm: {seed: final}}`` of ``picks`` (``arm`` or ``arm=new_name``; empty: every arm)."""
+def take(report: dict, picks: list[str], key: str = "finals") -> dict[str, dict[str, dict]]:
+    """``{arm: {seed: record}}`` of ``picks`` (``arm`` or ``arm=new_name``; empty: every arm) from the
+    report's ``key`` section (``finals``, or ``curves``, which a run may lack: then empty)."""
     finals = report["finals"]
     names = dict(p.split("=", 1) if "=" in p else (p, p) for p in picks) or {a: a for a in finals}
     missing = sorted(set(names) - set(finals))
     if missing:
         raise SystemExit(f"arms {missing} are not in this run (it has {sorted(finals)})")
-    return {new: {str(s): rec for s, rec in finals[old].items()} for old, new in names.items()}
+    section = report.get(key, {})
+    return {new: {str(s): rec for s, rec in section[old].items()} for old, new in names.items() if old in section}
 
 
-def merge(runs: list[tuple[dict, list[str]]]) -> dict[str, dict[str, dict]]:
-    """The runs' picked finals in one ``{arm: {seed: final}}``; every (arm, seed) from one run only."""
+def merge(runs: list[tuple[dict, list[str]]], key: str = "finals") -> dict[str, dict[str, dict]]:
+    """The runs' picked ``key`` records (finals or curves) in one ``{arm: {seed: record}}``; every
+    (arm, seed) from one run only."""
     merged: dict[str, dict[str, dict]] = {}
     games = set()
     for report, picks in runs:
-        for arm, by_seed in take(report, picks).items():
+        for arm, by_seed in take(report, picks, key).items():
             for seed, rec in by_seed.items():
                 if seed in merged.get(arm, {}):
                     raise SystemExit(f"arm {arm!r}, seed {seed} is in two runs: rename one (arm=new_name)")
                 merged.setdefault(arm, {})[seed] = rec
-                games.add(len(rec["per_episode_success"]))
+                if key == "finals":
+                    games.add(len(rec["per_episode_success"]))
     if len(games) > 1:
         raise SystemExit(f"the runs played different numbers of held-out games: {sorted(games)}")
     return merged
@@ -52,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", nargs="+", action="append", required=True, metavar=("PROTOCOL_JSON", "ARM"),
                     help="a protocol.json, then the arms to take from it (arm or arm=new_name; default all)")
     ap.add_argument("--baseline", action="append", default=[], help="arms the others are paired with (repeatable)")
-    ap.add_argument("--out", type=Path, required=True, help="writes OUT.json and OUT.md")
+    ap.add_argument("--out", type=Path, required=True, help="writes OUT.json, OUT.md and (with curves) OUT.png")
     args = ap.parse_args(argv)
     runs = [(json.loads(Path(r[0]).read_text()), r[1:]) for r in args.run]
-    finals = merge(runs)
+    finals, curves = merge(runs), merge(runs, "curves")
     baselines = tuple(args.baseline) or ("sft",)
     table = compare_arms(finals, baselines)
     sources = "; ".join(f"{r[0]} ({', '.join(r[1:]) or 'all arms'})" for r in args.run)
@@ -63,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             f"exact McNemar p; means: seed-level t-interval and a cluster bootstrap over games.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"sources": args.run, "baselines": baselines,
-                                                         "table": table, "finals": finals}, indent=1))
+                                                         "table": table, "finals": finals, "curves": curves},
+                                                        indent=1))
+    if curves:
+        plot_curves(curves, args.out.with_suffix(".png"), title=f"{runs[0][0]['env_id']}: held-out greedy success")
     report = markdown_report(table, title="Arms merged from several protocol runs", note=note, baselines=baselines)
     args.out.with_suffix(".md").write_text(report)
     print(report)

@@ -50,3 +50,17 @@ def test_an_outcome_in_two_runs_is_refused(tmp_path):
     assert merge_mod.main(["--run", str(a), "--run", str(b), "sft=sft_rerun", "--out", str(tmp_path / "m")]) == 0
     with pytest.raises(SystemExit, match="not in this run"):
         merge_mod.main(["--run", str(a), "archer", "--out", str(tmp_path / "m")])
+
+
+def test_curves_of_both_runs_are_kept_and_drawn(tmp_path):
+    """Seeds run in two protocol runs (one per machine) pool into one table and one figure."""
+    point = lambda steps, success: {"iteration": steps, "env_steps": steps, "train_seconds": steps, "success": success}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({**_report({"arm": {0: [1, 0]}}), "curves": {"arm": {"0": [point(0, 0.0), point(5, 0.5)]}}}))
+    b.write_text(json.dumps({**_report({"arm": {1: [1, 1]}}), "curves": {"arm": {"1": [point(0, 0.5), point(5, 1.0)]}}}))
+    out = tmp_path / "merged"
+    assert merge_mod.main(["--baseline", "arm", "--run", str(a), "--run", str(b), "--out", str(out)]) == 0
+    merged = json.loads(out.with_suffix(".json").read_text())
+    assert sorted(merged["curves"]["arm"]) == ["0", "1"]
+    assert merged["table"]["arm"]["mean"]["success"] == 0.75  # seed 0 won 1 of 2, seed 1 won 2 of 2
+    assert out.with_suffix(".png").stat().st_size > 0
