@@ -38,18 +38,21 @@ def merge(runs: list[tuple[dict, list[str]]], key: str = "finals") -> dict[str, 
     """The runs' picked ``key`` records (finals or curves) in one ``{arm: {seed: record}}``; every
     (arm, seed) from one run only."""
     merged: dict[str, dict[str, dict]] = {}
-    games = set()
     for report, picks in runs:
         for arm, by_seed in take(report, picks, key).items():
             for seed, rec in by_seed.items():
                 if seed in merged.get(arm, {}):
                     raise SystemExit(f"arm {arm!r}, seed {seed} is in two runs: rename one (arm=new_name)")
                 merged.setdefault(arm, {})[seed] = rec
-                if key == "finals":
-                    games.add(len(rec["per_episode_success"]))
+    return merged
+
+
+def same_games(finals: dict[str, dict[str, dict]]) -> dict[str, dict[str, dict]]:
+    """``finals``, once every (arm, seed) is known to have played the same number of held-out games."""
+    games = {len(rec["per_episode_success"]) for by_seed in finals.values() for rec in by_seed.values()}
     if len(games) > 1:
         raise SystemExit(f"the runs played different numbers of held-out games: {sorted(games)}")
-    return merged
+    return finals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="writes OUT.json, OUT.md and (with curves) OUT.png")
     args = ap.parse_args(argv)
     runs = [(json.loads(Path(r[0]).read_text()), r[1:]) for r in args.run]
-    finals, curves = merge(runs), merge(runs, "curves")
+    finals, curves = same_games(merge(runs)), merge(runs, "curves")
     baselines = tuple(args.baseline) or ("sft",)
     table = compare_arms(finals, baselines)
     sources = "; ".join(f"{r[0]} ({', '.join(r[1:]) or 'all arms'})" for r in args.run)
