@@ -428,3 +428,27 @@ def test_a_trainer_generates_in_its_update_precision(tiny_model, tmp_path):
         PGTrainer(pol, "tests/Guess-v0", PGConfig(algo="rloo", group_size=2, episodes_per_iter=2, autocast=autocast),
                   out_dir=tmp_path / autocast).setup()
         assert pol.generation_dtype == want
+
+
+def test_a_cache_passed_back_under_the_installed_name_continues_the_sequence_without_a_warning():
+    """``cache_arg``/``returned_cache`` hand the KV cache to and from the model under whichever name
+    the installed transformers uses: a prompt then one token on its cache gives the hidden state of
+    the whole sequence at once, with no deprecation warning."""
+    import warnings
+
+    from transformers import LlamaConfig, LlamaModel
+
+    from turngym.agents.kvcache import cache_arg, returned_cache
+
+    torch.manual_seed(0)
+    model = LlamaModel(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1)).eval()
+    ids = torch.tensor([[3, 7, 11, 5]])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        whole = model(input_ids=ids).last_hidden_state[0, -1]
+        cache = returned_cache(model(input_ids=ids[:, :3], use_cache=True))
+        step = model(input_ids=ids[:, 3:], position_ids=torch.tensor([[3]]), use_cache=True,
+                     **{cache_arg(model): cache}).last_hidden_state[0, -1]
+    assert cache_arg(model) in ("cache", "past_key_values")
+    assert torch.allclose(step, whole, atol=1e-5)

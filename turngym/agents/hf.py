@@ -43,7 +43,7 @@ import torch
 
 from turngym.agents.base import Conversation, SamplingParams
 from turngym.agents.chat import ChatRenderer, chatml_tools_template
-from turngym.agents.kvcache import RowCache, common_prefix, split, stack, supports_reuse
+from turngym.agents.kvcache import RowCache, cache_arg, common_prefix, split, stack, supports_reuse
 from turngym.agents.lookahead import greedy_with_drafts
 from turngym.agents.packed import PackedLM, SlotCache, native_bf16
 from turngym.agents.sampling import (StopChecker, decision_position, make_generators, row_seeds, runner_up_heads,
@@ -154,6 +154,7 @@ class HFPolicy:
         self.end_ids = set(self.chat.end_token_ids) | _eos_ids(self.model)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.end_ids, default=0)
         self._keep_arg = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self._cache_arg = cache_arg(self.model)
         self.epoch = 0
         self.shared_prefix: RowCache | SlotCache | None = None
         if packed is None:
@@ -397,7 +398,8 @@ class HFPolicy:
 
     def _forward(self, ids, attn, pos, cache) -> torch.Tensor:
         kw = {"logits_to_keep": 1} if self._keep_arg else {}
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True, **kw)
+        kw[self._cache_arg] = cache
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **kw)
         return out.logits[:, -1].float()
 
     def _decode(self, prompts, sampling, stops, turns, caps, cache, attn, logits):

@@ -18,7 +18,9 @@ After sampling, ``split`` drops the pad slots and gives each conversation a dens
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -97,6 +99,18 @@ def supports_reuse(config) -> bool:
     except Exception:  # a config the cache factory does not understand: do not reuse
         return False
     return bool(probe.layers) and all(type(layer) is DynamicLayer for layer in probe.layers)
+
+
+def cache_arg(model: torch.nn.Module) -> str:
+    """The name under which ``model.forward`` takes a KV cache: ``cache`` from transformers 5.24 on,
+    ``past_key_values`` before. Why: 5.24 deprecates ``past_key_values`` (removed in 5.40) and warns
+    on every forward, while the project supports transformers from 4.51."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(out: Any) -> Any:
+    """The KV cache a forward with ``use_cache=True`` returned, under either version's name."""
+    return out["cache"] if "cache" in out else out.past_key_values
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from turngym.agents.kvcache import cache_arg, returned_cache
 from turngym.trainers import functional as Fn
 from turngym.trainers.sequences import backbone_and_head
 from turngym.types import Trajectory
@@ -130,12 +131,12 @@ def shared_prompt_features(ref: nn.Module, prompt: list[int], replies: list[list
     backbone, _ = backbone_and_head(ref)
     device = next(ref.parameters()).device
     out = backbone(input_ids=torch.tensor([prompt], device=device), use_cache=True)
-    cache = out.past_key_values
+    cache = returned_cache(out)
     cache.batch_repeat_interleave(len(replies))
     lens = torch.tensor([len(r) for r in replies])
     ids = torch.tensor([r + [r[0]] * (int(lens.max()) - len(r)) for r in replies], device=device)
     pos = torch.arange(len(prompt), len(prompt) + ids.shape[1], device=device).expand_as(ids)
-    h = backbone(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True).last_hidden_state
+    h = backbone(input_ids=ids, position_ids=pos, use_cache=True, **{cache_arg(backbone): cache}).last_hidden_state
     return out.last_hidden_state[0, -1].float(), h[torch.arange(len(replies)), lens - 1].float()
 
 
@@ -170,9 +171,9 @@ def tree_features(ref: nn.Module, episodes: list[Trajectory], parent: list[int],
         pieces, tails, cache, start = [], {}, None, 0
         for at in [*sorted(points), len(ids)]:
             if at > start:
-                run = backbone(input_ids=torch.tensor([ids[start:at]], device=device), past_key_values=cache,
-                               position_ids=torch.arange(start, at, device=device)[None], use_cache=True)
-                cache, start = run.past_key_values, at
+                run = backbone(input_ids=torch.tensor([ids[start:at]], device=device), use_cache=True,
+                               position_ids=torch.arange(start, at, device=device)[None], **{cache_arg(backbone): cache})
+                cache, start = returned_cache(run), at
                 pieces.append(run.last_hidden_state[0].float())
             if at in points:
                 tails[at] = _branch_tails(backbone, copy.deepcopy(cache), at, [episodes[b].record.ids for b in points[at]])
@@ -197,7 +198,7 @@ def _branch_tails(backbone: nn.Module, cache: Any, at: int, records: list[list[i
     cache.batch_repeat_interleave(len(tails))
     ids = torch.tensor([t + [t[0]] * (width - len(t)) for t in tails], device=device)
     pos = torch.arange(at, at + width, device=device).expand_as(ids)
-    return backbone(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True).last_hidden_state.float()
+    return backbone(input_ids=ids, position_ids=pos, use_cache=True, **{cache_arg(backbone): cache}).last_hidden_state.float()
 
 
 def _one_segment(traj: Trajectory) -> bool:
