@@ -155,6 +155,7 @@ def tree_features(ref: nn.Module, episodes: list[Trajectory], parent: list[int],
     """
     backbone, _ = backbone_and_head(ref)
     device = next(ref.parameters()).device
+    kv = cache_arg(backbone)  # read once: the signature does not change between the pieces below
     children: dict[int, dict[int, list[int]]] = {}  # root -> where a branch leaves it -> the branches
     for i, (p, j) in enumerate(zip(parent, branch_turn)):
         if p >= 0 and parent[p] < 0 and _one_segment(episodes[i]) and _one_segment(episodes[p]):
@@ -172,7 +173,7 @@ def tree_features(ref: nn.Module, episodes: list[Trajectory], parent: list[int],
         for at in [*sorted(points), len(ids)]:
             if at > start:
                 run = backbone(input_ids=torch.tensor([ids[start:at]], device=device), use_cache=True,
-                               position_ids=torch.arange(start, at, device=device)[None], **{cache_arg(backbone): cache})
+                               position_ids=torch.arange(start, at, device=device)[None], **{kv: cache})
                 cache, start = returned_cache(run), at
                 pieces.append(run.last_hidden_state[0].float())
             if at in points:
