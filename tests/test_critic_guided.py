@@ -98,3 +98,21 @@ def test_reply_scores_by_hand():
     assert reply_scores([0.2, 0.9], [[-0.05, -0.05], [-1.0, -2.0]], 0.5) == pytest.approx([0.15, -0.6])
     assert reply_scores([0.2, 0.9], [[-0.05], [-3.0]], 0.0) == [0.2, 0.9]
     assert pick_reply(reply_scores([0.2, 0.9], [[-0.1], [-3.0]], 0.5)) == 0  # the prior keeps the actor's reply
+
+
+def test_runner_ups_are_scored_from_the_greedy_replys_cache(tiny_tokenizer, monkeypatch):
+    # the same replies whether alternatives starts from the turn's held KV cache or prefills the
+    # history again; with the cache, every turn after the first prefills fewer tokens
+    def played(held):
+        policy = HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
+        assert policy.packed is not None  # the engine that forks a held cache
+        if not held:
+            monkeypatch.setattr(policy, "held_cache", lambda conv: None)
+        guided = CriticGuidedPolicy(policy, lambda prompt, replies: [float(i) for i in range(len(replies))], k=2)
+        trajs = _play(guided)
+        return [[t.action_ids(j) for j in range(len(t.turns))] for t in trajs], policy.stats["prefill_tokens"]
+
+    with_cache, prefilled = played(True)
+    again, prefilled_again = played(False)
+    assert with_cache == again and max(len(t) for t in with_cache) > 1
+    assert prefilled < prefilled_again

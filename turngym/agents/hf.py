@@ -286,6 +286,12 @@ class HFPolicy:
             return None
         return self._carry(self.packed.fork(held, len(held.ids), len(held.ids), 0))
 
+    def held_cache(self, conv: Conversation) -> RowCache | SlotCache | None:
+        """``conv``'s KV cache as its last turn left it (prompt and reply), or None: what
+        ``alternatives``' ``episode_caches`` take to score that reply without prefilling its
+        history again. It is forked there, never extended."""
+        return self._cache(conv)
+
     def _cache(self, conv: Conversation) -> RowCache | SlotCache | None:
         held = conv.state.get(KV_KEY)
         if not self.reuse_cache or not held or held[0] != id(self) or not self._usable(held[1]):

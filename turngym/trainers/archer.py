@@ -153,7 +153,7 @@ from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, autocast, reference_pass
 from turngym.trainers.archer_critic import ReplayBuffer, UtteranceCritic, ValueHead, make_target, soft_update  # noqa: F401
 from turngym.trainers.branch_bc import better
-from turngym.trainers.critic_encoder import (TextFeatureEncoder, TrunkTopEncoder, Window, shared_prompt_features,
+from turngym.trainers.critic_encoder import (PromptFeatures, TextFeatureEncoder, TrunkTopEncoder, Window,
                                              tree_features)
 from turngym.trainers.critic_guided import reply_scores
 from turngym.trainers.distributed import DistContext
@@ -424,6 +424,8 @@ class ArcherTrainer(OnlineTrainer):
         feat = self.ref.config.get_text_config().hidden_size if self._hidden else self.encoder.dim
         top = TrunkTopEncoder(self.ref, cfg.critic_top_k) if cfg.critic_top_k else None
         self._hidden_layer = top.trunk_layer if top is not None else None
+        # reply_values' prompts grow turn by turn when the critic acts: each runs only its new tokens
+        self._prompt_features = PromptFeatures(self.ref) if self._hidden and top is None else None
         self.critic = UtteranceCritic(feat, cfg.critic_hidden, cfg.categorical, cfg.num_atoms, cfg.v_min, cfg.v_max, top)
         self.ctx.broadcast_params(self.critic)
         self.critic_target = make_target(self.critic)
@@ -567,7 +569,8 @@ class ArcherTrainer(OnlineTrainer):
     def reply_values(self, prompt: list[int], replies: list[list[int]]) -> list[float]:
         """min(Q1, Q2)(s, a) under the current critic of each reply's ids ``a`` to the prompt ids ``s``
         (what ``critic_guided.CriticGuidedPolicy`` ranks a turn's candidates by). The reference encoder
-        runs the prompt's forward once for all of them (``shared_prompt_features``); ``top:K`` reads
+        runs the prompt's forward once for all of them, on the keys and values of the longest earlier
+        prompt it extends (``PromptFeatures``); ``top:K`` reads
         each as a record of its own.
 
         Raises:
@@ -577,7 +580,7 @@ class ArcherTrainer(OnlineTrainer):
             raise ValueError("scoring replies from token ids needs critic_encoder=reference or top:K")
         if self._hidden_layer is None:
             with autocast(self.ref, self.cfg.autocast):
-                s, sa = shared_prompt_features(self.ref, list(prompt), [list(a) for a in replies])
+                s, sa = self._prompt_features(list(prompt), [list(a) for a in replies])
             return self._q_min(s.expand_as(sa), sa)
         n = len(prompt)
         head = TokenRecord(list(prompt), [0] * n, [0.0] * n)

@@ -19,10 +19,12 @@ prefix it reproduces the reference's own final hidden state, the ``reference`` e
 from __future__ import annotations
 
 import copy
+from collections import OrderedDict
 from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache
 
 from turngym.agents.kvcache import cache_arg, returned_cache
 from turngym.trainers import functional as Fn
@@ -120,24 +122,82 @@ class TextFeatureEncoder:
         return self._embed(states), self._embed(actions)
 
 
-@torch.no_grad()
-def shared_prompt_features(ref: nn.Module, prompt: list[int], replies: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference encoder's phi(s) ``(H,)`` and phi(s, a) ``(n, H)`` of several replies to one
-    prompt: the prompt's forward runs once and its keys and values serve every reply (scoring each
-    reply as its own sequence repeats the whole prompt per reply). The final normed hidden states at
-    the prompt's last token and at each reply's last token, as ``sequences.score`` gives them.
-    The replies are right-padded with their own first token: under causal attention a reply's last
-    real token never sees what follows it."""
-    backbone, _ = backbone_and_head(ref)
-    device = next(ref.parameters()).device
-    out = backbone(input_ids=torch.tensor([prompt], device=device), use_cache=True)
-    cache = returned_cache(out)
-    cache.batch_repeat_interleave(len(replies))
-    lens = torch.tensor([len(r) for r in replies])
-    ids = torch.tensor([r + [r[0]] * (int(lens.max()) - len(r)) for r in replies], device=device)
-    pos = torch.arange(len(prompt), len(prompt) + ids.shape[1], device=device).expand_as(ids)
-    h = backbone(input_ids=ids, position_ids=pos, use_cache=True, **{cache_arg(backbone): cache}).last_hidden_state
-    return out.last_hidden_state[0, -1].float(), h[torch.arange(len(replies)), lens - 1].float()
+class PromptFeatures:
+    """The reference encoder's phi(s) ``(H,)`` and phi(s, a) ``(n, H)`` of several replies to one prompt
+    (the final normed hidden states at the prompt's last token and at each reply's last token, as
+    ``sequences.score`` gives them), for prompts that grow turn by turn, as when the critic acts. The
+    prompt's forward runs once for all its replies, on the keys and values of the longest prompt seen
+    before that it extends: a turn costs its new tokens, not the episode's whole history again.
+
+    Why: acting with the critic scores every held-out turn's candidates, and a late TextWorld
+    turn's prompt is thousands of tokens; re-running it per turn made the critic's forwards most of
+    an evaluation's time. The reference encoder is frozen, so a prompt's keys and values stay valid.
+
+    Args:
+        ref: The frozen reference model whose final hidden states are the features.
+        budget_mb: Keys and values kept across calls, least recently used dropped first (0: none).
+    """
+
+    def __init__(self, ref: nn.Module, budget_mb: int = 2048) -> None:
+        self.ref, self.budget = ref, budget_mb * 2**20
+        self.held: OrderedDict[tuple[int, ...], tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, int]] = OrderedDict()
+        self.stats = {"prompt_tokens": 0, "prefilled_tokens": 0}
+
+    @torch.no_grad()
+    def __call__(self, prompt: list[int], replies: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        backbone, _ = backbone_and_head(self.ref)
+        kv = cache_arg(backbone)
+        device = next(self.ref.parameters()).device
+        key, base = tuple(prompt), self._longest_prefix(prompt)
+        self.stats["prompt_tokens"] += len(prompt)
+        if base is not None and len(base) == len(key):
+            layers, phi_s, _ = self.held[base]
+            self.held.move_to_end(base)
+        else:
+            at = len(base) if base is not None else 0
+            cache = _as_cache(self.held[base][0], 1) if base is not None else None
+            new = torch.tensor([prompt[at:]], device=device)
+            pos = torch.arange(at, len(prompt), device=device)[None]
+            out = backbone(input_ids=new, position_ids=pos, use_cache=True, **({kv: cache} if cache is not None else {}))
+            layers, phi_s = _layers_of(returned_cache(out)), out.last_hidden_state[0, -1].float()
+            self.stats["prefilled_tokens"] += len(prompt) - at
+            self._keep(key, layers, phi_s)
+        lens = torch.tensor([len(r) for r in replies])
+        # right-padded with each reply's own first token: under causal attention no real token reads it
+        ids = torch.tensor([r + [r[0]] * (int(lens.max()) - len(r)) for r in replies], device=device)
+        pos = torch.arange(len(prompt), len(prompt) + ids.shape[1], device=device).expand_as(ids)
+        h = backbone(input_ids=ids, position_ids=pos, use_cache=True, **{kv: _as_cache(layers, len(replies))}).last_hidden_state
+        return phi_s, h[torch.arange(len(replies)), lens - 1].float()
+
+    def _longest_prefix(self, prompt: list[int]) -> tuple[int, ...] | None:
+        key = tuple(prompt)
+        fits = [k for k in self.held if len(k) <= len(key) and k == key[: len(k)]]
+        return max(fits, key=len, default=None)
+
+    def _keep(self, key: tuple[int, ...], layers: list[tuple[torch.Tensor, torch.Tensor]], phi_s: torch.Tensor) -> None:
+        size = sum(t.numel() * t.element_size() for pair in layers for t in pair)
+        if size > self.budget:
+            return
+        self.held[key] = (layers, phi_s, size)
+        while sum(v[2] for v in self.held.values()) > self.budget:
+            self.held.popitem(last=False)
+
+
+def _layers_of(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (keys, values) ``(1, H, T, D)`` of a one-row cache (transformers 5's layers or 4's lists)."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
+def _as_cache(layers: list[tuple[torch.Tensor, torch.Tensor]], rows: int) -> DynamicCache:
+    """A fresh cache holding ``layers`` repeated ``rows`` times; the forward that extends it builds
+    new tensors, so the held ones are never written."""
+    cache = DynamicCache()
+    for i, (k, v) in enumerate(layers):
+        cache.update(k.expand(rows, *k.shape[1:]).contiguous() if rows > 1 else k,
+                     v.expand(rows, *v.shape[1:]).contiguous() if rows > 1 else v, i)
+    return cache
 
 
 @torch.no_grad()

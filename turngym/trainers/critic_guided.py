@@ -12,7 +12,9 @@ A runner-up replaces the greedy reply only when its min(Q1, Q2) beats the greedy
 than ``margin`` (``pick_reply``), so a critic with nothing to say leaves the actor's choice alone.
 The chosen reply's ids and log-probs are recorded in the conversation's token record as if sampled,
 in place of the greedy reply's (as a turn sampled again is); the KV cache kept from the greedy reply
-is reused up to the common prefix, so nothing is re-tokenized and little is recomputed.
+is reused up to the common prefix, so nothing is re-tokenized and little is recomputed. The runner-ups
+are scored and finished from that cache too (``HFPolicy.held_cache``): a turn prefills its new tokens,
+not the episode's history, once for the actor and once for the critic (``PromptFeatures``).
 """
 
 from __future__ import annotations
@@ -78,9 +80,11 @@ class CriticGuidedPolicy:
         for i in rows:  # alternatives takes one set of stop strings: conversations grouped by theirs
             c = conversations[i]
             by_stops.setdefault(tuple(list(sampling.stop) + format_stops(c.tool_format, c.tools)), []).append(i)
+        held = getattr(self.policy, "held_cache", None)  # the greedy reply's cache: its history is not prefilled again
         for stops, group in by_stops.items():
+            kw = {"episode_caches": [held(conversations[i]) for i in group]} if held else {}
             alts = self.policy.alternatives([out[i].prompt_ids for i in group], [out[i].action_ids for i in group],
-                                            self.k, list(stops), sampling.max_new_tokens)
+                                            self.k, list(stops), sampling.max_new_tokens, **kw)
             for i, runner_ups in zip(group, alts):
                 candidates = [out[i], *(u for u in runner_ups if u.action_ids)]
                 values = self.values(out[i].prompt_ids, [u.action_ids for u in candidates])
