@@ -141,6 +141,7 @@ class PromptFeatures:
     def __init__(self, ref: nn.Module, budget_mb: int = 2048) -> None:
         self.ref, self.budget = ref, budget_mb * 2**20
         self.held: OrderedDict[tuple[int, ...], tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor, int]] = OrderedDict()
+        self.held_bytes = 0
         self.stats = {"prompt_tokens": 0, "prefilled_tokens": 0}
 
     @torch.no_grad()
@@ -179,8 +180,9 @@ class PromptFeatures:
         if size > self.budget:
             return
         self.held[key] = (layers, phi_s, size)
-        while sum(v[2] for v in self.held.values()) > self.budget:
-            self.held.popitem(last=False)
+        self.held_bytes += size
+        while self.held_bytes > self.budget:
+            self.held_bytes -= self.held.popitem(last=False)[1][2]
 
 
 def _layers_of(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
