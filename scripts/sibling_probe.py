@@ -44,7 +44,7 @@ def collect(config: str, weights: str, sets: list[str], dump: Path) -> dict:
     from turngym.envs.registry import resolve_env_id
     from turngym.rollout import Collector
     from turngym.train import TrainConfig, _with_split, load_policy, rl_section
-    from turngym.trainers.archer import ArcherTrainer, _returns_after, _transitions
+    from turngym.trainers.archer import ArcherTrainer, tree_record
 
     cfg = apply_overrides(load_yaml(TrainConfig, config), ["algo=archer", *sets])
     cfg = dataclasses.replace(cfg, env_id=resolve_env_id(cfg.env_id))
@@ -58,16 +58,7 @@ def collect(config: str, weights: str, sets: list[str], dump: Path) -> dict:
                                 out_dir=dump.parent / "sibling_probe_scratch", collector=collector)
         trainer.setup()
         tree, metrics = trainer._collect_tree()
-        rewards = trainer.reward_fn(tree.episodes)
-        enc = trainer._encode(tree.episodes)
-    r, done, _ = _transitions(enc.refs, rewards, enc.s)
-    row = {ref: i for i, ref in enumerate(enc.refs)}
-    info = [{"task": tree.episodes[e].task_id, "ep": e, "turn": k, "parent": tree.parent[e],
-             "branch_turn": tree.branch_turn[e], "expert": bool(tree.episodes[e].turns[k].info.get("expert_match")),
-             "success": tree.episodes[e].success} for e, k in enc.refs]
-    data = {"s": enc.s, "sa": enc.sa, "r": r, "done": done, "values": _returns_after(enc.refs, rewards),
-            "own": [row[(e, k)] for e in range(len(tree.episodes)) for k in tree.own_turns(e) if (e, k) in row],
-            "siblings": [[row[ref] for ref in g] for g in tree.sibling_groups()], "info": info, "metrics": metrics}
+        data = {**tree_record(tree, trainer.reward_fn(tree.episodes), trainer._encode(tree.episodes)), "metrics": metrics}
     torch.save(data, dump)
     return data
 

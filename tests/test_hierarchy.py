@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from test_protocol import _protocol, _tiny_base
 
 from turngym.train import EvalConfig, TrainConfig
 from turngym.trainers.archer import ArcherConfig
 from turngym.trainers.branch_bc import BranchBCConfig
 from turngym.trainers.hierarchy import HierarchyConfig, acting_gain, critic_config, gate_open
+from turngym.types import Trajectory
 
 BRANCH = "branch: {iterations: 1, episodes_per_iter: 2, num_envs: 2, max_new_tokens: 6, autocast: none}"
 
@@ -23,6 +25,7 @@ def test_the_critic_run_leaves_the_actor_alone_and_branches_every_candidate():
     assert isinstance(cfg, ArcherConfig) and not cfg.train_actor and cfg.iterations == 1
     assert (cfg.episodes_per_iter, cfg.branch_points, cfg.branch_width, cfg.branch_depth) == (12, 4, 2, 1)
     assert cfg.branch_wins and cfg.critic_no_ops and cfg.critic_holdout == 0 and cfg.seed == 3
+    assert not cfg.dump_trees and critic_config(HierarchyConfig(tasks=1, dump_tree=True), actor).dump_trees
     assert (cfg.num_envs, cfg.max_turns, cfg.max_state_visits, cfg.max_new_tokens) == (5, 7, 3, 11)
     with pytest.raises(ValueError, match="trainable=all or top:K"):
         critic_config(HierarchyConfig(tasks=1), BranchBCConfig(trainable="lora"))
@@ -51,7 +54,8 @@ def test_the_hierarchy_stage_end_to_end_resumes_and_gates(tmp_path, tiny_tokeniz
     text = cfg.read_text().replace("env_kwargs: {}", "env_kwargs: {n_tasks: 6}")
     cfg.write_text(text)
     out = tmp_path / "protocol"
-    arm = "hier=branch_bc:hierarchy.tasks=2 hierarchy.gate=0 hierarchy.critic_updates=4 eval.critic_guided=2"
+    arm = ("hier=branch_bc:hierarchy.tasks=2 hierarchy.gate=0 hierarchy.critic_updates=4 hierarchy.dump_tree=true "
+           "eval.critic_guided=2")
     argv = ["--config", str(cfg), "--arm", "sft", "--arm", "branch_bc", "--arm", arm, "--seeds", "0",
             "--games", "3", "--samples", "0", "--out", str(out), "--quiet"]
     report = _protocol(argv)
@@ -67,6 +71,15 @@ def test_the_hierarchy_stage_end_to_end_resumes_and_gates(tmp_path, tiny_tokeniz
         assert set(record["acting_xfit"]) == {"0.0", "0.03", "0.1", "0.3", "1.0"}
     critic_rows = (out / "seed0" / "hier" / "hierarchy" / "metrics.jsonl").read_text().splitlines()
     assert len(critic_rows) == 1 and json.loads(critic_rows[0])["actor/active"] == 0.0
+    # the critic's tree, for offline probes: one row of features, transition and return per turn
+    tree = torch.load(out / "seed0" / "hier" / "hierarchy" / "tree0.pt", weights_only=False)
+    n = len(tree["info"])
+    assert n > 0 and tree["s"].shape[0] == tree["sa"].shape[0] == tree["r"].shape[0] == tree["values"].shape[0] == n
+    episodes = [Trajectory.from_dict(d) for d in tree["tree"]["episodes"]]
+    assert {x["task"] for x in tree["info"]} <= {t.task_id for t in episodes}
+    assert all(0 <= i < n for g in tree["offered"] for i in g) and set(tree["own"]) <= set(range(n))
+    for i, x in enumerate(tree["info"]):  # a turn's return is its episode's reward from that turn on
+        assert tree["values"][i].item() == pytest.approx(sum(tree["rewards"][x["ep"]][x["turn"]:]))
 
     # a rerun after a kill before the acting evaluation reloads the critic (no second fit) and evaluates it
     del stages["eval_final_critic"]

@@ -259,6 +259,9 @@ class ArcherConfig(OnlineConfig):
                                           "fresh_action = a' ~ pi(s) sampled when the batch is scored")
     expert_labels: bool = knob(True, "ask the env to label steps that match its oracle's move (env kwarg "
                                      "expert_labels) and log critic/auc_expert; envs without an oracle log nothing")
+    dump_trees: bool = knob(False, "write each iteration's tree (its episodes, every turn's features, rewards, returns "
+                                   "and sibling groups) to out_dir/tree<iteration>.pt, for offline critic probes "
+                                   "(scripts/sibling_probe.py --dump)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -480,6 +483,8 @@ class ArcherTrainer(OnlineTrainer):
             offered = [g for g in ([row[ref] for ref in g] for g in tree.sibling_groups(no_ops=True))
                        if trajs[enc.refs[g[0]][0]].task_id not in self.heldout_tasks]
         metrics.update(self._crossfit_auc(train, fresh, enc, (r, done, next_s, v_sa), values, trajs, offered))
+        if cfg.dump_trees:
+            _save_atomic(tree_record(tree, rewards, enc, offered), self.out_dir / f"tree{self.iteration}.pt")
         self._add_transitions(self.buffer, train, enc, r, done, next_s, v_sa)
         metrics.update(self._critic_updates(cfg.critic_updates))
         self._keep_heldout_pairs([g for g in siblings if g[0] in set(held)], enc, values)
@@ -1079,6 +1084,33 @@ def _cat(blocks: list) -> torch.Tensor | Window:
 
 def _select(x: torch.Tensor | Window, index: torch.Tensor) -> torch.Tensor | Window:
     return x[index] if isinstance(x, torch.Tensor) else (x[0][index], x[1][index])
+
+
+def tree_record(tree: Tree, rewards: list[list[float]], enc: Encoded, offered: list[list[int]] | None = None) -> dict:
+    """One iteration's tree as an offline critic probe reads it (``scripts/sibling_probe.py``): every
+    flat turn's features ``s``, ``sa`` and transition (``r``, ``done``), the return after it
+    (``values``), the rows of the episodes' own turns (``own``), the sibling groups as rows, the
+    candidates a critic that acts is offered (``offered``: refused replies too), each row's ``info``
+    (task, episode, turn, parent, branch turn, oracle match, success, the reply's log-prob), and the
+    episodes themselves (``tree``: to compute other features from)."""
+    r, done, _ = _transitions(enc.refs, rewards, enc.s)
+    row = {ref: i for i, ref in enumerate(enc.refs)}
+    eps = tree.episodes
+    info = [{"task": eps[e].task_id, "ep": e, "turn": k, "parent": tree.parent[e], "branch_turn": tree.branch_turn[e],
+             "expert": bool(eps[e].turns[k].info.get("expert_match")), "success": eps[e].success,
+             "logprob": sum(x for x in eps[e].action_logprobs(k) if not math.isnan(x))} for e, k in enc.refs]
+    siblings = [[row[ref] for ref in g] for g in tree.sibling_groups()]
+    return {"s": enc.s, "sa": enc.sa, "r": r, "done": done, "values": _returns_after(enc.refs, rewards),
+            "own": [row[(e, k)] for e in range(len(eps)) for k in tree.own_turns(e) if (e, k) in row],
+            "siblings": siblings, "offered": siblings if offered is None else offered, "info": info,
+            "rewards": rewards, "tree": {"episodes": [t.to_dict() for t in eps], "parent": list(tree.parent),
+                                         "branch_turn": list(tree.branch_turn)}}
+
+
+def _save_atomic(obj: Any, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
 
 
 def _returns_after(refs: list[tuple[int, int]], rewards: list[list[float]]) -> torch.Tensor:

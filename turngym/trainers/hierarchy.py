@@ -61,6 +61,8 @@ class HierarchyConfig:
                                 "{num_games: 256} on TextWorld: more training tasks than the RL stage played")
     gate: float = knob(0.75, "the critic acts only when its cross-fitted sibling AUC is at least this (0: always)")
     seed: int = knob(0, "seeds the screen's task order and the critic's minibatches")
+    dump_tree: bool = knob(False, "also write the critic's tree (episodes, features, returns, sibling groups) to "
+                                  "hierarchy/tree0.pt, for offline critic probes (scripts/sibling_probe.py --dump)")
 
     def __post_init__(self) -> None:
         if self.tasks < 0 or self.points < 1 or self.width < 1:
@@ -87,7 +89,8 @@ def critic_config(cfg: HierarchyConfig, actor: Any) -> ArcherConfig:
         branch_points=cfg.points, branch_width=cfg.width, branch_depth=1, branch_by=cfg.branch_by,
         branch_wins=True, critic_no_ops=True,
         train_actor=False, critic_gate=1.0, critic_holdout=0.0, expert_labels=False,
-        critic_updates=cfg.critic_updates, critic_lr=cfg.critic_lr, critic_hidden=cfg.critic_hidden)
+        critic_updates=cfg.critic_updates, critic_lr=cfg.critic_lr, critic_hidden=cfg.critic_hidden,
+        dump_trees=cfg.dump_tree)
 
 
 ACTING_PRIORS = (0.0, 0.03, 0.1, 0.3, 1.0)  # the prior weights whose acting is estimated out of sample
