@@ -18,6 +18,12 @@ interval over states:
     python scripts/sibling_probe.py --weights runs/x/seed0/sft/sft_model.pt --dump tree.pt \\
         --set archer.max_state_visits=3 archer.branch_wins=true archer.branch_width=4 archer.branch_depth=1
     python scripts/sibling_probe.py --dump tree.pt --splits 3      # refit on a saved tree
+    python scripts/sibling_probe.py --dump runs/x/seed0/arm/hierarchy/tree0.pt --shares 0.25,0.5,1.0
+
+A tree the trainer wrote (``archer.dump_trees``, ``hierarchy.dump_tree``) holds the candidates a critic
+that acts is offered at each state; for it the probe also prints what acting with each scorer would
+earn there, out of sample, for the prior weights the hierarchy stage reports (``acting_gain``).
+``--shares`` fits each scorer on a share of the training half's tasks too: how its ranking grows with data.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from turngym.trainers import functional as Fn
+from turngym.trainers.hierarchy import ACTING_PRIORS, acting_gain, acting_headroom
 from turngym.trainers.archer import (ReplayBuffer, UtteranceCritic, ValueHead, make_target, policy_action_rows,
                                      soft_update, td_loss)
 
@@ -61,6 +68,13 @@ def collect(config: str, weights: str, sets: list[str], dump: Path) -> dict:
         data = {**tree_record(tree, trainer.reward_fn(tree.episodes), trainer._encode(tree.episodes)), "metrics": metrics}
     torch.save(data, dump)
     return data
+
+
+def task_share(tasks: set[str], share: float, salt: int) -> set[str]:
+    """The tasks whose hash (salted) falls in the lowest ``share`` of its range: smaller shares are
+    subsets of larger ones, so a learning curve over shares adds tasks and never swaps them."""
+    rank = lambda t: int(hashlib.sha256(f"share{salt}:{t}".encode()).hexdigest()[:8], 16) / 16**8
+    return {t for t in tasks if rank(t) < share}
 
 
 class Probe:
@@ -118,19 +132,39 @@ class Probe:
             opt.step()
         return lambda j: head(x[j])
 
-    def crossfit(self, name: str, split: int) -> torch.Tensor:
-        """Every pair's score from a scorer fitted without its task (two halves, split ``split``)."""
+    def crossfit(self, name: str, split: int, share: float = 1.0) -> torch.Tensor:
+        """Every turn's score from a scorer fitted without its task (two halves, split ``split``), on
+        the other half's turns, or on a ``share`` of that half's tasks (how the ranking grows with data)."""
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
         info, scores = self.d["info"], torch.zeros(len(self.d["info"]))
         half = lambda i: int(hashlib.sha256(f"{split}:{info[i]['task']}".encode()).hexdigest()[:8], 16) % 2
+        tasks = task_share({x["task"] for x in info}, share, split)
+        kept = lambda i: info[i]["task"] in tasks
         for f in (0, 1):
-            test = torch.tensor([i for g in self.groups if half(g[0]) == f for i in g], dtype=torch.long)
+            test = torch.tensor([i for i in range(len(info)) if half(i) == f], dtype=torch.long)
             if not len(test):
                 continue
             torch.manual_seed(split)
-            score = self.fit(name, [i for i in self.d["own"] if half(i) != f], [g for g in self.groups if half(g[0]) != f])
+            score = self.fit(name, [i for i in self.d["own"] if half(i) != f and kept(i)],
+                             [g for g in self.groups if half(g[0]) != f and kept(g[0])])
             with torch.no_grad():
                 scores[test] = score(test)
         return scores
+
+    def acting(self, scores: torch.Tensor, priors=ACTING_PRIORS) -> str:
+        """What acting with these out-of-sample scores would earn at the tree's offered states
+        (``trainers.hierarchy.acting_gain``: the policy's reply or a runner-up, by score + prior x log pi)."""
+        if "offered" not in self.d:
+            return ""
+        groups, values = self.d["offered"], self.d["values"].tolist()
+        logp = [x.get("logprob", 0.0) for x in self.d["info"]]
+        parts = []
+        for p in priors:
+            g = acting_gain(scores.tolist(), values, logp, groups, p)
+            parts.append(f"prior {p}: {100 * g['gain']:+.1f} ({g['better']:.0f} better, {g['worse']:.0f} worse)")
+        best = acting_headroom(values, groups)
+        return f"{'':10s} acting at {len(groups)} states: " + "; ".join(parts) + f"; at most {100 * best['gain']:+.1f}"
 
     def report(self, name: str, scores: torch.Tensor) -> str:
         parts = []
@@ -150,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", nargs="*", default=[], help="config overrides, as for turngym train")
     ap.add_argument("--splits", type=int, default=3, help="random task splits; the scores are averaged over them")
     ap.add_argument("--scorers", default=",".join(SCORERS))
+    ap.add_argument("--shares", default="1.0", help="comma-separated shares of the training half's tasks to fit on "
+                                                      "(e.g. 0.25,0.5,1.0: how the ranking grows with data)")
     ap.add_argument("--without-won-branches", action="store_true",
                     help="drop the won roots' branches (from a tree collected with branch_wins): what they add")
     args = ap.parse_args(argv)
@@ -163,9 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     print(probe.report("own_reply", own))
     print(probe.report("expert", torch.tensor([float(bool(x["expert"])) for x in data["info"]])))
     for name in args.scorers.split(","):
-        runs = [probe.crossfit(name, k) for k in range(args.splits)]
-        each = " ".join(f"{Fn.sibling_auc(x, data['values'], probe.groups)[0]:.3f}" for x in runs)
-        print(probe.report(name, torch.stack(runs).mean(0)) + f"   (each split: {each})", flush=True)
+        for share in (float(x) for x in args.shares.split(",")):
+            runs = [probe.crossfit(name, k, share) for k in range(args.splits)]
+            each = " ".join(f"{Fn.sibling_auc(x, data['values'], probe.groups)[0]:.3f}" for x in runs)
+            label = name if share == 1.0 else f"{name}@{share:g}"
+            print(probe.report(label, torch.stack(runs).mean(0)) + f"   (each split: {each})", flush=True)
+            if share == 1.0 and "offered" in data:
+                print(probe.acting(torch.stack(runs).mean(0)), flush=True)
     return 0
 
 

@@ -59,3 +59,20 @@ def test_a_cross_fitted_scorer_ranks_the_winning_reply_first_when_the_features_s
         scores = probe.crossfit(name, split=0)
         auc, pairs = probe_mod.Fn.sibling_auc(scores, probe.d["values"], probe.groups)
         assert pairs == 24 and auc >= 0.9, name  # chance is 0.5
+
+
+def test_acting_and_fits_on_a_share_of_the_tasks():
+    data = _tree(tasks=24)
+    data["offered"] = data["siblings"]
+    for x in data["info"]:
+        x["logprob"] = 0.0 if x["parent"] < 0 else -2.0
+    probe = probe_mod.Probe(data, steps=300, lr=1e-2)
+    # a perfect scorer (the winning sibling's feature) gains at the lost roots' forks, where a runner-up won
+    line = probe.acting(data["sa"][:, 0].clone(), priors=(0.0,))
+    assert "prior 0.0: +50.0 (12 better, 0 worse)" in line and "at most +50.0" in line
+    # a share of the tasks: about that many, the smaller share inside the larger, and a fit on it runs
+    tasks = {f"t{k}" for k in range(400)}
+    quarter, half = probe_mod.task_share(tasks, 0.25, 0), probe_mod.task_share(tasks, 0.5, 0)
+    assert quarter < half < tasks and 60 < len(quarter) < 140 and 150 < len(half) < 250
+    assert probe_mod.task_share(tasks, 1.0, 3) == tasks
+    assert torch.isfinite(probe.crossfit("mc", split=0, share=0.5)).all()
