@@ -8,13 +8,16 @@ determinism.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing as mp
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
+import psutil
 import pytest
 from gymnasium.utils.env_checker import check_env
 
@@ -122,6 +125,28 @@ def test_generation_is_deterministic_and_safe_from_two_processes(tw_root, tmp_pa
         p.join(timeout=30)
     assert got[0] == got[1] == [ensure_games("easy", "test", 1, tw_root)[0].content_hash]
     assert sorted(p.name for p in split_dir("easy", "test", tmp_path).iterdir()) == [".lock", "0000.json", "0000.z8", "index.json"]
+
+
+def test_a_killed_caller_leaves_no_second_generator_beside_its_child(tw_root, tmp_path):
+    # SIGTERM ends the caller at once, not its generator child: the child keeps the split's lock,
+    # so the next caller waits for it and then finds its games, instead of generating beside it
+    code = f"from turngym.envs.textworld.games import ensure_games; ensure_games('easy', 'test', 3, {str(tmp_path)!r})"
+    caller = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
+    folder = split_dir("easy", "test", tmp_path)
+    deadline = time.monotonic() + 120
+    while not list(folder.glob(".gen-*")) and time.monotonic() < deadline:  # the child is making a game
+        time.sleep(0.05)
+    child = psutil.Process(caller.pid).children()[0]
+    caller.terminate()
+    caller.wait(timeout=30)
+    with open(folder / ".lock", "w") as lock:  # while the child runs, no one else may take the lock
+        while child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            time.sleep(0.2)
+    games = ensure_games("easy", "test", 3, tmp_path)
+    assert [g.content_hash for g in games] == [g.content_hash for g in ensure_games("easy", "test", 3, tw_root)]
+    assert not list(folder.glob(".gen-*"))
 
 
 @pytest.mark.slow

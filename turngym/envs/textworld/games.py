@@ -217,7 +217,7 @@ def ensure_games(level: str, split: str, num_games: int | None = None, root: str
             index = read_index(folder)
             if not _index_ok(index, suite, n):
                 with CLOCK.kind("game_generation"):
-                    _run_generator(level, split, n, folder)
+                    _run_generator(level, split, n, folder, lock.fileno())
                 index = read_index(folder)
     if not _index_ok(index, suite, n):
         raise RuntimeError(f"TextWorld game generation left an incomplete index in {folder}")
@@ -228,7 +228,10 @@ def _index_ok(index: dict | None, suite: Suite, n: int) -> bool:
     return bool(index) and index.get("fingerprint") == suite.fingerprint and len(index.get("games", [])) >= n
 
 
-def _run_generator(level: str, split: str, n: int, folder: Path) -> None:
+def _run_generator(level: str, split: str, n: int, folder: Path, lock_fd: int) -> None:
+    """Run the generator child. It inherits the split's lock (``lock_fd``): a lock is held while any
+    process keeps its file open, so a child that outlives a killed parent keeps the folder to itself
+    until it exits, and the next caller waits for it instead of generating beside it."""
     index = read_index(folder)
     have = len(index["games"]) if _index_ok(index, get_suite(level), 0) else 0
     print(
@@ -244,7 +247,7 @@ def _run_generator(level: str, split: str, n: int, folder: Path) -> None:
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": path}
     limit = 120 + 60 * (n - have)  # a game takes seconds; a hung compiler should not hang us
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True, pass_fds=(lock_fd,))
         try:
             code = _wait_with_progress(proc, folder, have, n, limit)
         except BaseException:  # Ctrl-C: the child goes too (the games it finished are kept)
