@@ -77,6 +77,18 @@ def task_share(tasks: set[str], share: float, salt: int) -> set[str]:
     return {t for t in tasks if rank(t) < share}
 
 
+def with_task_features(data: dict) -> dict:
+    """The tree with each turn's features extended by phi(s_0) of its episode's first turn (the
+    task as first shown: the goal, the recipe's place), which a critic reading the last token of a
+    long conversation may have lost."""
+    info = data["info"]
+    row = {(x["ep"], x["turn"]): i for i, x in enumerate(info)}
+    parent = {x["ep"]: x["parent"] for x in info}
+    root = lambda e: e if parent.get(e, -1) < 0 else root(parent[e])
+    first = torch.tensor([row[(root(x["ep"]), 0)] for x in info])
+    return {**data, "s": torch.cat([data["s"], data["s"][first]], 1), "sa": torch.cat([data["sa"], data["s"][first]], 1)}
+
+
 class Probe:
     """The saved tree, its sibling pairs and the cross-fitted scorers."""
 
@@ -186,10 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scorers", default=",".join(SCORERS))
     ap.add_argument("--shares", default="1.0", help="comma-separated shares of the training half's tasks to fit on "
                                                       "(e.g. 0.25,0.5,1.0: how the ranking grows with data)")
+    ap.add_argument("--task-features", action="store_true",
+                    help="extend every turn's features by those of its episode's first state (the task as first shown)")
     ap.add_argument("--without-won-branches", action="store_true",
                     help="drop the won roots' branches (from a tree collected with branch_wins): what they add")
     args = ap.parse_args(argv)
     data = collect(args.config, args.weights, args.set, args.dump) if args.weights else torch.load(args.dump, weights_only=False)
+    if args.task_features:
+        data = with_task_features(data)
     probe = Probe(data, without_won_branches=args.without_won_branches)
     data = probe.d
     print(f"{len(data['info'])} turns, {len(probe.groups)} states whose siblings earned differently "

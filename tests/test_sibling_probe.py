@@ -76,3 +76,14 @@ def test_acting_and_fits_on_a_share_of_the_tasks():
     assert quarter < half < tasks and 60 < len(quarter) < 140 and 150 < len(half) < 250
     assert probe_mod.task_share(tasks, 1.0, 3) == tasks
     assert torch.isfinite(probe.crossfit("mc", split=0, share=0.5)).all()
+
+
+def test_task_features_come_from_each_episodes_first_state():
+    data = _tree(tasks=3)
+    out = probe_mod.with_task_features(data)
+    dim = data["s"].shape[1]
+    row = {(x["ep"], x["turn"]): i for i, x in enumerate(data["info"])}
+    for i, x in enumerate(data["info"]):  # a branch's first state is its root's (the replayed turn 0)
+        root = x["ep"] if x["parent"] < 0 else x["parent"]
+        torch.testing.assert_close(out["s"][i, dim:], data["s"][row[(root, 0)]])
+        torch.testing.assert_close(out["sa"][i, :dim], data["sa"][i])
