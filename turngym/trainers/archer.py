@@ -158,7 +158,7 @@ from turngym.trainers.critic_encoder import (PromptFeatures, TextFeatureEncoder,
 from turngym.trainers.critic_guided import reply_scores
 from turngym.trainers.distributed import DistContext
 from turngym.trainers.registry import Algorithm, register_algorithm
-from turngym.trainers.sequences import PackedBatch, pack_batch, pack_records
+from turngym.trainers.sequences import PackedBatch, nest_turns, pack_batch, pack_records
 from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
 from turngym.types import TokenRecord, Trajectory, Turn
 
@@ -847,7 +847,7 @@ class ArcherTrainer(OnlineTrainer):
     def _self_imitation_rows(self) -> tuple[list[Trajectory], list[float]]:
         """The remembered wins whose self-imitation weight (``Fn.self_imitation_weights`` under the
         current critic's V, or V = 0 with ``sil_baseline=zero``) is at least ``awr_min_weight``, with
-        those weights."""
+        those weights, an episode's turns nested in one row (``nest_turns``)."""
         if not self.wins:
             return [], []
         returns = torch.tensor([e["value"] for e in self.wins])
@@ -857,7 +857,8 @@ class ArcherTrainer(OnlineTrainer):
             v = self.critic.value(self.critic.encode(_stack([e["s"] for e in self.wins])))
         w = Fn.self_imitation_weights(returns, v, self.cfg.self_imitation)
         keep = [i for i in range(len(self.wins)) if float(w[i]) >= self.cfg.awr_min_weight]
-        return [self.wins[i]["turn"] for i in keep], [float(w[i]) for i in keep]
+        # an episode's kept turns in one row: each turn alone re-read its whole prompt (5x the tokens: 316k against 63k for 515 wins on TextWorld-medium)
+        return nest_turns([self.wins[i]["turn"] for i in keep], [float(w[i]) for i in keep])
 
     def _awr_update(self, siblings: bool = True) -> dict[str, float]:
         """AWR at remembered states: each sibling's likelihood weighted by its share of
@@ -889,7 +890,8 @@ class ArcherTrainer(OnlineTrainer):
         data = rows + imitate + clones + self.experts
         weight = row_w + imitate_w + clone_w + [1.0] * sum(len(t.turns) for t in self.experts)
         if cfg.self_imitation > 0:
-            out.update({"actor/sil_turns": float(len(imitate)), "actor/sil_memory": float(len(self.wins)),
+            out.update({"actor/sil_turns": float(len(imitate_w)), "actor/sil_rows": float(len(imitate)),
+                        "actor/sil_memory": float(len(self.wins)),
                         "actor/sil_weight": sum(imitate_w) / max(1, len(imitate_w))})
         if cfg.clone_wins:
             out["actor/clone_episodes"] = float(len(clones))

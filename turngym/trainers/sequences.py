@@ -110,6 +110,37 @@ def pack_batch(trajectories: list[Trajectory], pad_id: int) -> PackedBatch:
     return pack_records(items, pad_id)
 
 
+def nest_turns(turns: list[Trajectory], weights: list[float]) -> tuple[list[Trajectory], list[float]]:
+    """One-turn records (``TokenRecord.branch`` of an episode's turns) folded into the fewest rows:
+    a turn whose record is a prefix of another's is scored inside that one's row (same positions,
+    same tokens), so an episode's turns cost one forward over the episode, not one per turn.
+
+    Args:
+        turns: Trajectories of one turn each, with a record that ends where the turn's action ends.
+        weights: One per turn.
+
+    Returns:
+        The host trajectories (each with its nested turns, in record order) and their turns'
+        weights, flat in that order.
+    """
+    order = sorted(range(len(turns)), key=lambda i: -len(turns[i].record.ids))
+    hosts: list[tuple[Trajectory, list[int]]] = []  # (longest record, members)
+    for i in order:
+        rec, (s, e) = turns[i].record, turns[i].turns[0].span
+        home = next((h for h in hosts if h[0].record.ids[: len(rec.ids)] == rec.ids
+                     and h[0].record.logprobs[s:e] == rec.logprobs[s:e]), None)  # the same sample, not a replay
+        if home is None:
+            hosts.append((turns[i], [i]))
+        else:
+            home[1].append(i)
+    out, out_w = [], []
+    for host, members in hosts:
+        members.sort(key=lambda i: turns[i].turns[0].span[0])
+        out.append(Trajectory(host.task_id, turns=[turns[i].turns[0] for i in members], record=host.record))
+        out_w += [weights[i] for i in members]
+    return out, out_w
+
+
 def pack_records(items: list[tuple[TokenRecord | None, list[tuple[int, tuple[int, int]]]]], pad_id: int) -> PackedBatch:
     """Records as padded rows, one per segment that holds a scored span; nothing is re-derived.
 
