@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from turngym.trainers.archer import _alone  # how ArCHer's memory keeps a single turn
 from turngym.trainers.sequences import nest_turns, pack_batch, score
 from turngym.types import TokenRecord, Trajectory, Turn
 
@@ -13,12 +14,6 @@ def _episode(task: str, pairs: list[tuple[list[int], list[int]]], logprob: float
     rec = TokenRecord()
     turns = [Turn("x", span=rec.add_turn(p, a, [logprob] * len(a))) for p, a in pairs]
     return Trajectory(task, turns=turns, record=rec)
-
-
-def _alone(ep: Trajectory, k: int) -> Trajectory:
-    turn = ep.turns[k]
-    rec, span = ep.record.branch(turn.span[0], ep.action_ids(k), ep.action_logprobs(k))
-    return Trajectory(ep.task_id, turns=[Turn(turn.action_text, span=span)], record=rec)
 
 
 def _per_turn(model, trajs: list[Trajectory]) -> dict[tuple[int, ...], float]:

@@ -127,7 +127,8 @@ def nest_turns(turns: list[Trajectory], weights: list[float]) -> tuple[list[Traj
     hosts: list[tuple[Trajectory, list[int]]] = []  # (longest record, members)
     for i in order:
         rec, (s, e) = turns[i].record, turns[i].turns[0].span
-        home = next((h for h in hosts if h[0].record.ids[: len(rec.ids)] == rec.ids
+        home = next((h for h in hosts if h[0].task_id == turns[i].task_id  # cheap before the id comparison
+                     and h[0].record.ids[: len(rec.ids)] == rec.ids
                      and h[0].record.logprobs[s:e] == rec.logprobs[s:e]), None)  # the same sample, not a replay
         if home is None:
             hosts.append((turns[i], [i]))
