@@ -144,6 +144,37 @@ def test_time_budgets_and_hooks(tmp_path, tiny_tokenizer):
     assert res["sft/steps"] == 1 and [m["sft/step"] for m in steps] == [1] and res["sft/train_seconds"] > 0
 
 
+def test_a_killed_sft_goes_on_from_its_checkpoint_to_the_same_weights(tmp_path, tiny_tokenizer):
+    from turngym.agents.hf import HFPolicy
+    from turngym.trainers.sft import SFTConfig, sft
+
+    cfg = SFTConfig(episodes=3, epochs=3, batch_size=1, autocast="none")  # 9 steps, epochs end at 3 and 6
+
+    steps = []
+
+    def fit(kill_at: int | None = None):
+        policy = HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
+
+        def on_step(m: dict) -> None:
+            steps.append(m["sft/step"])
+            if m["sft/step"] == kill_at:
+                raise KeyboardInterrupt  # as a kill arriving after the step, before its save
+        return policy, sft(policy, "tests/Guess-v0", cfg, progress=False, on_step=on_step,
+                           checkpoint_dir=tmp_path / "ckpt", checkpoint_every_s=0.0)
+
+    for kill_at in (3, 5, 7):  # the last saves before each kill: step 2, mid-epoch; 4, mid-epoch; 6, an epoch's end
+        with pytest.raises(KeyboardInterrupt):
+            fit(kill_at)
+    resumed, res = fit()
+    assert steps == [1, 2, 3, 3, 4, 5, 5, 6, 7, 7, 8, 9]  # each run goes on from the save before its kill
+    shutil.rmtree(tmp_path / "ckpt")
+    whole, ref = fit()
+    assert res["sft/steps"] == ref["sft/steps"] == 9
+    torch.testing.assert_close(res["sft/loss"], ref["sft/loss"])
+    for (name, a), b in zip(resumed.model.state_dict().items(), whole.model.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
 def test_a_time_budgeted_trainer_bar_counts_seconds_not_the_iteration_cap(tmp_path, tiny_tokenizer, capsys, monkeypatch):
     monkeypatch.setenv("TURNGYM_PROGRESS", "always")  # as on a terminal
     from turngym.agents.hf import HFPolicy

@@ -178,7 +178,10 @@ class Protocol:
             evaluator=lambda p, c, tag: self.evaluate(p, c, f"seed {seed} {arm.name} {tag}"))
 
     def run_sft_continued(self, arm: Arm, seed: int, sft_dir: Path, budget: float, at: list[float]) -> None:
-        """SFT from the seed's SFT weights for ``budget`` training seconds, evaluated at ``at``."""
+        """SFT from the seed's SFT weights for ``budget`` training seconds, evaluated at ``at``.
+
+        Hours of training save as they go (``sft``'s checkpoint) and the curve is written at each
+        evaluation, so a killed protocol goes on from the last save without evaluating a point twice."""
         cfg = self.config(arm, seed)
         out = Path(cfg.output_dir)
         if self.finished(arm, seed):
@@ -191,7 +194,9 @@ class Protocol:
         policy = load_policy(cfg.model)
         policy.model.load_state_dict(torch.load(out / "sft_model.pt", map_location=policy.device))
         policy.invalidate_caches()
-        curve, todo = {}, sorted(at)
+        curve = _read_json(out / "curve.json", {})
+        done_s = max((p["train_seconds"] for p in curve.values()), default=-1.0)
+        todo = sorted(t for t in at if t > done_s)
 
         def on_step(m: dict) -> None:
             if todo and m["sft/train_seconds"] >= todo[0]:
@@ -200,14 +205,17 @@ class Protocol:
                 rec = self.evaluate(policy, cfg, f"seed {seed} {arm.name} step {m['sft/step']} "
                                                  f"({m['sft/train_seconds']:.0f}s)")
                 curve[str(m["sft/step"])] = _point(rec, m["sft/step"], None, m["sft/train_seconds"])
+                _write_json(out / "curve.json", curve)
 
         sft_cfg = apply_overrides(cfg, ["sft.epochs=1000000", f"sft.time_budget_s={budget}"]).sft
+        checkpoint = out / "checkpoint"
         res = sft(policy, cfg.env_id, sft_cfg, env_kwargs=_split(cfg.env_kwargs, cfg.train_split),
-                  progress=not self.args.quiet, on_step=on_step)
+                  progress=not self.args.quiet, on_step=on_step, checkpoint_dir=checkpoint)
         _write_json(out / "curve.json", curve)
         stages["sft_continued"] = res
         stages["eval_final"] = self.evaluate(policy, cfg, f"seed {seed} {arm.name} final")
         _write_json(out / "stages.json", stages)
+        shutil.rmtree(checkpoint, ignore_errors=True)  # finished: the weights' optimizer state is not needed
 
     # ----- the whole protocol -----------------------------------------------------------------
     def run_all(self) -> dict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,6 +26,7 @@ import torch
 from turngym.config import knob
 from turngym.rollout import Collector, EnvTarget
 from turngym.trainers.actor import actor_optimizer, autocast, prepare_trainable
+from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from turngym.trainers.likelihood import likelihood_step
 from turngym.trainers.logger import advance_bar, progress_bar
 from turngym.trainers.sequences import frozen_prefix, join_prefixes, pack_batch
@@ -59,7 +60,8 @@ class SFTConfig:
 
 def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: dict | None = None,
         logger: Any = None, progress: bool = True, on_step: Callable[[dict], None] | None = None,
-        collector: Collector | None = None) -> dict[str, float]:
+        collector: Collector | None = None, checkpoint_dir: str | Path | None = None,
+        checkpoint_every_s: float = 600.0) -> dict[str, float]:
     """Warm-start ``policy.model`` in place on ``env_id``'s expert trajectories.
 
     Args:
@@ -72,6 +74,9 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
         on_step: Called as ``on_step(metrics)`` after each optimizer step (``sft/step``,
             ``sft/loss``, ``sft/train_seconds``), in eval mode; its time is not training time.
         collector: Plays the demonstrations (default: one of its own, closed after).
+        checkpoint_dir: Where a long fit (e.g. SFT continued for hours) saves its weights, optimizer
+            and place in the data every ``checkpoint_every_s`` training seconds; a fit that finds a
+            checkpoint there goes on from it, so a killed run loses at most that much training.
 
     Returns:
         Final metrics: ``sft/loss`` (last epoch's mean NLL per token), ``sft/episodes``, ``sft/seconds``,
@@ -81,7 +86,8 @@ def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: d
     t0 = time.perf_counter()
     data = _expert_data(policy, env_id, cfg, env_kwargs, collector)
     model = policy.model = prepare_trainable(policy.model, cfg.trainable)
-    metrics = _fit(policy, data, cfg, logger, progress, on_step)
+    saver = _Saver(Path(checkpoint_dir), checkpoint_every_s) if checkpoint_dir is not None else None
+    metrics = _fit(policy, data, cfg, logger, progress, on_step, saver)
     model.eval()
     if hasattr(model, "merge_and_unload"):  # LoRA: fold the adapters back into plain weights
         policy.model = model.merge_and_unload()
@@ -104,28 +110,36 @@ def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | No
 
 
 def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progress: bool,
-         on_step: Callable[[dict], None] | None) -> dict[str, float]:
+         on_step: Callable[[dict], None] | None, saver: _Saver | None = None) -> dict[str, float]:
     """The update loop: ``cfg.epochs`` shuffled passes of the likelihood update (``likelihood_step``:
-    the mean NLL of the demonstrations' tokens), or until ``cfg.time_budget_s``."""
+    the mean NLL of the demonstrations' tokens), or until ``cfg.time_budget_s``. With a ``saver``,
+    it starts from the saved place if there is one and saves as it goes."""
     model = policy.model
     opt = actor_optimizer(model, cfg.lr)
     rng = random.Random(cfg.seed)
+    at = _Place()
+    if saver is not None and saver.exists():
+        at = saver.restore(model, opt, rng)
     steps_per_epoch = (len(data) + cfg.batch_size - 1) // cfg.batch_size
     bar = progress_bar("sft", steps=cfg.epochs * steps_per_epoch, budget_s=cfg.time_budget_s, disable=not progress)
     model.train()
-    epoch_loss, step, hook_s = float("nan"), 0, 0.0  # hook_s: time in on_step, not training time
+    epoch_loss = at.total / at.count if at.count else float("nan")
+    step, hook_s = at.step, 0.0  # hook_s: time in on_step, not training time
     t_train = time.perf_counter()  # the budget counts updates only: the expert data is made once
     parts = []  # per demonstration, the frozen lower blocks' output, once for every epoch (trainable: top:K)
     if cfg.epochs > 1:
         parts = [frozen_prefix(model, pack_batch([t], policy.pad_id), 1, lambda: autocast(model, cfg.autocast))
                  for t in data]
-    trained_s = lambda: time.perf_counter() - t_train - hook_s
+    trained_s = lambda: at.trained_s + time.perf_counter() - t_train - hook_s
     over = lambda: bool(cfg.time_budget_s) and trained_s() >= cfg.time_budget_s
-    for epoch in range(cfg.epochs):
-        order = list(range(len(data)))
-        rng.shuffle(order)
-        total, count = 0.0, 0
-        for i in range(0, len(order), cfg.batch_size):
+    spent = bool(cfg.time_budget_s) and at.trained_s >= cfg.time_budget_s  # saved at its budget, then killed
+    for epoch in range(at.epoch, at.epoch if spent else cfg.epochs):
+        order = at.order
+        if order is None:
+            order = list(range(len(data)))
+            rng.shuffle(order)
+        total, count = at.total, at.count
+        for i in range(at.start, len(order), cfg.batch_size):
             batch = pack_batch([data[j] for j in order[i : i + cfg.batch_size]], policy.pad_id)
             batch = join_prefixes(batch, [parts[j] for j in order[i : i + cfg.batch_size]] if parts else [])
             every_token = torch.ones(batch.num_tokens)  # a demonstration is cloned whole
@@ -141,13 +155,59 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
                 _call_in_eval_mode(model, policy, on_step, {"sft/step": step, "sft/loss": loss,
                                                             "sft/train_seconds": train_s})
                 hook_s += time.perf_counter() - h0
+            if saver is not None and saver.due(trained_s()):
+                saver.save(model, opt, rng, _Place(epoch, order, i + cfg.batch_size, step, trained_s(), total, count))
             if over():
                 break
+        at = _Place(trained_s=at.trained_s)  # the next epoch starts afresh (its order from the rng)
         epoch_loss = total / max(count, 1)
         if over():
             break
     bar.close()
     return {"sft/loss": epoch_loss, "sft/train_seconds": trained_s(), "sft/steps": step}
+
+
+@dataclass
+class _Place:
+    """Where a fit is: the epoch, its data order and the next batch's index, with the counters."""
+
+    epoch: int = 0
+    order: list[int] | None = None  # None: draw the epoch's order from the rng
+    start: int = 0
+    step: int = 0
+    trained_s: float = 0.0
+    total: float = 0.0
+    count: int = 0
+
+
+class _Saver:
+    """Saves a fit's weights, optimizer, data rng and ``_Place`` every ``every_s`` training seconds
+    (``trainers.checkpoint``: atomic, so a kill at any instant leaves the old save or the new)."""
+
+    def __init__(self, path: Path, every_s: float) -> None:
+        self.path, self.every_s, self.last_s = path, every_s, 0.0
+
+    def exists(self) -> bool:
+        return has_checkpoint(self.path)
+
+    def due(self, trained_s: float) -> bool:
+        return trained_s - self.last_s >= self.every_s
+
+    def save(self, model: Any, opt: Any, rng: random.Random, place: _Place) -> None:
+        save_checkpoint(self.path, {"model": model.state_dict(), "opt": opt.state_dict(),
+                                    "data_rng": rng.getstate(), "place": asdict(place)})
+        self.last_s = place.trained_s
+
+    def restore(self, model: Any, opt: Any, rng: random.Random) -> _Place:
+        state = load_checkpoint(self.path)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        rng.setstate(state["data_rng"])
+        place = _Place(**state["place"])
+        if place.order is not None and place.start >= len(place.order):  # saved after an epoch's last batch
+            place = _Place(place.epoch + 1, None, 0, place.step, place.trained_s)
+        self.last_s = place.trained_s
+        return place
 
 
 def _call_in_eval_mode(model: Any, policy: Any, fn: Callable[[dict], None], metrics: dict) -> None:
