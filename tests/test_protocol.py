@@ -276,6 +276,24 @@ def test_protocol_end_to_end_and_resume(tmp_path, tiny_tokenizer, capsys):
         _protocol([*argv, "--report-only", "--baseline", "archer"])
 
 
+def test_sft_continued_with_given_seconds_needs_no_rl_arm(tmp_path, tiny_tokenizer, capsys):
+    # matching an RL arm trained in another run: its seconds are given, and it is evaluated at its end
+    cfg = _tiny_base(tmp_path, tiny_tokenizer, "rloo", "pg: {iterations: 1}")
+    argv = ["--config", str(cfg), "--seeds", "0", "--games", "3", "--samples", "0", "--quiet",
+            "--out", str(tmp_path / "protocol")]
+    with pytest.raises(SystemExit, match="add an RL arm, or give its seconds"):
+        _protocol([*argv, "--arm", "sft_continued"])
+    with pytest.raises(SystemExit, match="must be > 0 seconds"):
+        _protocol([*argv, "--arm", "sft_continued:sft.time_budget_s=0"])
+    report = _protocol([*argv, "--arm", "cont=sft_continued:sft.time_budget_s=0.3"])
+    assert set(report["finals"]) == {"sft", "cont"}
+    stages = json.loads((tmp_path / "protocol" / "seed0" / "cont" / "stages.json").read_text())
+    # the optimizer step that crosses the budget is the last one
+    assert stages["sft_continued"]["sft/train_seconds"] >= 0.3 and stages["sft_continued"]["sft/steps"] >= 1
+    assert [p["train_seconds"] for p in report["curves"]["cont"][0]] == [0.0, stages["sft_continued"]["sft/train_seconds"]]
+    assert capsys.readouterr().out.count("[protocol]") == 2  # sft, and sft_continued at its end
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")
 def test_release_memory_gives_freed_heap_pages_back():
     def rss_mb() -> float:

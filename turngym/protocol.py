@@ -11,6 +11,8 @@ training temperature) at its start, every ``--eval-every`` iterations and at its
   RL arm of that seed trained (evaluation excluded), evaluated at the same wall-clock points.
   Every such arm (``NAME=sft_continued``) is a baseline the others are compared with; a finished one
   is kept when a longer RL arm is added later, so match that arm with a second, newly named one.
+  ``sft_continued:sft.time_budget_s=SECONDS`` trains for those seconds instead (evaluated at its
+  end), to match an RL arm trained in another run that ``scripts/merge_protocols.py`` pairs it with.
 
     turngym protocol --config configs/quickstart.yaml --arm sft --arm sft_continued \\
         --arm archer --arm rloo --seeds 0 1 2 --games 128 --samples 2 --out runs/protocol
@@ -74,6 +76,16 @@ def _split(env_kwargs: dict, split: str) -> dict:
     return {**env_kwargs, "split": split} if split else dict(env_kwargs)
 
 
+def _given_budget(arm: Arm) -> float | None:
+    """The training seconds an SFT-continued arm was given (``sft.time_budget_s=``), or None."""
+    given = [o.partition("=")[2] for o in arm.overrides if o.partition("=")[0].strip() == "sft.time_budget_s"]
+    if not given:
+        return None
+    if float(given[-1]) <= 0:
+        raise SystemExit(f"--arm {arm.name}: sft.time_budget_s must be > 0 seconds, got {given[-1]}")
+    return float(given[-1])
+
+
 def _point(rec: dict, iteration: int, env_steps: int | None, train_seconds: float) -> dict:
     """A learning-curve point: where it was taken and its held-out record."""
     return {"iteration": iteration, "env_steps": env_steps, "train_seconds": train_seconds, **rec}
@@ -94,8 +106,10 @@ class Protocol:
             raise SystemExit("the sft arm is the baseline and keeps its name: --arm 'sft[:KEY=VALUE ...]'")
         if len({a.name for a in self.arms}) != len(self.arms):
             raise SystemExit("arm names must be distinct (name them: NAME=ALGO:...)")
-        if any(a.algo == "sft_continued" for a in self.arms) and not any(a.is_rl for a in self.arms):
-            raise SystemExit("sft_continued matches an RL arm's training time: add an RL arm")
+        if any(a.algo == "sft_continued" and _given_budget(a) is None for a in self.arms) and \
+                not any(a.is_rl for a in self.arms):
+            raise SystemExit("sft_continued matches an RL arm's training time: add an RL arm, "
+                             "or give its seconds (sft_continued:sft.time_budget_s=SECONDS)")
         for arm in self.arms:  # every arm's config is checked before the first one trains
             try:
                 self.config(arm, args.seeds[0])
@@ -227,7 +241,8 @@ class Protocol:
                     self.run_rl(arm, seed, sft_dir)
                     release_memory()
                 for arm in (a for a in self.arms if a.algo == "sft_continued"):
-                    budget, at = self.matched_time(seed)
+                    given = _given_budget(arm)
+                    budget, at = (given, []) if given is not None else self.matched_time(seed)
                     self.run_sft_continued(arm, seed, sft_dir, budget, at)
                     release_memory()
         return self.assemble()
