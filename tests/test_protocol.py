@@ -290,7 +290,8 @@ def test_sft_continued_with_given_seconds_needs_no_rl_arm(tmp_path, tiny_tokeniz
     stages = json.loads((tmp_path / "protocol" / "seed0" / "cont" / "stages.json").read_text())
     # the optimizer step that crosses the budget is the last one
     assert stages["sft_continued"]["sft/train_seconds"] >= 0.3 and stages["sft_continued"]["sft/steps"] >= 1
-    assert [p["train_seconds"] for p in report["curves"]["cont"][0]] == [0.0, stages["sft_continued"]["sft/train_seconds"]]
+    trained = stages["sft_continued"]["sft/train_seconds"]
+    assert [p["train_seconds"] for p in report["curves"]["cont"][0]] == [0.0, trained]
     assert capsys.readouterr().out.count("[protocol]") == 2  # sft, and sft_continued at its end
 
 
