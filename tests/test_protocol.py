@@ -276,9 +276,10 @@ def test_protocol_end_to_end_and_resume(tmp_path, tiny_tokenizer, capsys):
         _protocol([*argv, "--report-only", "--baseline", "archer"])
 
 
-def test_sft_continued_with_given_seconds_needs_no_rl_arm(tmp_path, tiny_tokenizer, capsys):
-    # matching an RL arm trained in another run: its seconds are given, and it is evaluated at its end
-    cfg = _tiny_base(tmp_path, tiny_tokenizer, "rloo", "pg: {iterations: 1}")
+def test_sft_continued_with_given_seconds(tmp_path, tiny_tokenizer, capsys):
+    # matching an RL arm trained in another run: its seconds are given, so no RL arm is needed
+    cfg = _tiny_base(tmp_path, tiny_tokenizer, "rloo", "pg: {iterations: 1, episodes_per_iter: 2, group_size: 2, "
+                                                        "num_envs: 2, max_new_tokens: 6, autocast: none}")
     argv = ["--config", str(cfg), "--seeds", "0", "--games", "3", "--samples", "0", "--quiet",
             "--out", str(tmp_path / "protocol")]
     with pytest.raises(SystemExit, match="add an RL arm, or give its seconds"):
@@ -288,11 +289,19 @@ def test_sft_continued_with_given_seconds_needs_no_rl_arm(tmp_path, tiny_tokeniz
     report = _protocol([*argv, "--arm", "cont=sft_continued:sft.time_budget_s=0.3"])
     assert set(report["finals"]) == {"sft", "cont"}
     stages = json.loads((tmp_path / "protocol" / "seed0" / "cont" / "stages.json").read_text())
-    # the optimizer step that crosses the budget is the last one
-    assert stages["sft_continued"]["sft/train_seconds"] >= 0.3 and stages["sft_continued"]["sft/steps"] >= 1
     trained = stages["sft_continued"]["sft/train_seconds"]
+    assert trained >= 0.3 and stages["sft_continued"]["sft/steps"] >= 1  # the step crossing the budget is the last
     assert [p["train_seconds"] for p in report["curves"]["cont"][0]] == [0.0, trained]
-    assert capsys.readouterr().out.count("[protocol]") == 2  # sft, and sft_continued at its end
+    assert capsys.readouterr().out.count("[protocol]") == 2  # sft, and the arm at its end
+
+    # with an RL arm of this run that trained for less, it is also evaluated where that arm ended
+    _protocol([*argv, "--arm", "rloo"])
+    rl_s = _protocol([*argv, "--arm", "rloo", "--report-only"])["curves"]["rloo"][0][-1]["train_seconds"]
+    capsys.readouterr()
+    longer = _protocol([*argv, "--arm", "rloo", "--arm", f"cont2=sft_continued:sft.time_budget_s={rl_s + 0.5}"])
+    points = longer["curves"]["cont2"][0]
+    assert points[1]["train_seconds"] >= rl_s and points[-1]["train_seconds"] >= rl_s + 0.5
+    assert len(points) == 3 and capsys.readouterr().out.count("[protocol]") == 2  # where rloo ended, and at its end
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="malloc_trim is glibc's")

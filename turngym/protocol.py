@@ -11,8 +11,9 @@ training temperature) at its start, every ``--eval-every`` iterations and at its
   RL arm of that seed trained (evaluation excluded), evaluated at the same wall-clock points.
   Every such arm (``NAME=sft_continued``) is a baseline the others are compared with; a finished one
   is kept when a longer RL arm is added later, so match that arm with a second, newly named one.
-  ``sft_continued:sft.time_budget_s=SECONDS`` trains for those seconds instead (evaluated at its
-  end), to match an RL arm trained in another run that ``scripts/merge_protocols.py`` pairs it with.
+  ``sft_continued:sft.time_budget_s=SECONDS`` trains for those seconds instead, to match an RL arm
+  trained in another run that ``scripts/merge_protocols.py`` pairs it with; it is also evaluated
+  where each shorter RL arm of this run ended.
 
     turngym protocol --config configs/quickstart.yaml --arm sft --arm sft_continued \\
         --arm archer --arm rloo --seeds 0 1 2 --games 128 --samples 2 --out runs/protocol
@@ -241,23 +242,29 @@ class Protocol:
                     self.run_rl(arm, seed, sft_dir)
                     release_memory()
                 for arm in (a for a in self.arms if a.algo == "sft_continued"):
-                    given = _given_budget(arm)
-                    budget, at = (given, []) if given is not None else self.matched_time(seed)
+                    budget, at = self.matched_time(seed, arm)
                     self.run_sft_continued(arm, seed, sft_dir, budget, at)
                     release_memory()
         return self.assemble()
 
-    def matched_time(self, seed: int) -> tuple[float, list[float]]:
-        """The longest-training RL arm of ``seed``: its training seconds and its evaluation times."""
-        best = (0.0, [])
-        for arm in (a for a in self.arms if a.is_rl):
-            out = self.out / f"seed{seed}" / arm.name
-            secs = _read_json(out / "stages.json")["rl"]["train_seconds"]
-            if secs > best[0]:
-                best = (secs, [p["train_seconds"] for p in _read_json(out / "curve.json", {}).values()])
-        if best[0] <= 0:
+    def matched_time(self, seed: int, arm: Arm) -> tuple[float, list[float]]:
+        """The training seconds of SFT-continued ``arm`` and the training seconds it is evaluated at.
+
+        By default the longest-training RL arm of ``seed``: its seconds and its evaluation times. With
+        its seconds given (``sft.time_budget_s``, to match an RL arm of another run) it also stops to
+        be evaluated where each shorter RL arm of this run ended, so it is matched to those too."""
+        runs = []
+        for rl in (a for a in self.arms if a.is_rl):
+            out = self.out / f"seed{seed}" / rl.name
+            runs.append((_read_json(out / "stages.json")["rl"]["train_seconds"],
+                         [p["train_seconds"] for p in _read_json(out / "curve.json", {}).values()]))
+        given = _given_budget(arm)
+        if given is not None:
+            return given, sorted(secs for secs, _ in runs if secs < given)
+        secs, at = max(runs, default=(0.0, []))
+        if secs <= 0:
             raise RuntimeError(f"seed {seed}: no RL arm trained, so sft_continued has no time budget")
-        return best
+        return secs, at
 
     def curve(self, arm: Arm, seed: int) -> tuple[dict, list[dict]]:
         """An arm's final record and its learning curve (start = the SFT evaluation)."""
