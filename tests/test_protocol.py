@@ -286,6 +286,8 @@ def test_sft_continued_with_given_seconds(tmp_path, tiny_tokenizer, capsys):
         _protocol([*argv, "--arm", "sft_continued"])
     with pytest.raises(SystemExit, match="must be > 0 seconds"):
         _protocol([*argv, "--arm", "sft_continued:sft.time_budget_s=0"])
+    with pytest.raises(SystemExit, match="must be > 0 seconds, got 2h"):
+        _protocol([*argv, "--arm", "sft_continued:sft.time_budget_s=2h"])
     report = _protocol([*argv, "--arm", "cont=sft_continued:sft.time_budget_s=0.3"])
     assert set(report["finals"]) == {"sft", "cont"}
     stages = json.loads((tmp_path / "protocol" / "seed0" / "cont" / "stages.json").read_text())

@@ -82,9 +82,13 @@ def _given_budget(arm: Arm) -> float | None:
     given = [o.partition("=")[2] for o in arm.overrides if o.partition("=")[0].strip() == "sft.time_budget_s"]
     if not given:
         return None
-    if float(given[-1]) <= 0:
+    try:
+        seconds = float(given[-1])
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
         raise SystemExit(f"--arm {arm.name}: sft.time_budget_s must be > 0 seconds, got {given[-1]}")
-    return float(given[-1])
+    return seconds
 
 
 def _point(rec: dict, iteration: int, env_steps: int | None, train_seconds: float) -> dict:
