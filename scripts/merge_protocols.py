@@ -8,9 +8,17 @@ the arms to take from it (``arm`` or ``arm=new_name``); by default all of them. 
 two runs both hold is an error, so that no outcome is silently replaced. Writes OUT.json (the table,
 the finals and the curves), OUT.md and, where the runs recorded learning curves, OUT.png.
 
+An arm's evaluation part way through its training (an SFT-continued arm evaluated where a shorter RL
+arm ended) is in its run dir's ``curve.json`` rather than in ``protocol.json``: ``--point CURVE_JSON
+SEED ARM SECONDS`` takes the point evaluated at SECONDS of training (to within 1%) as that arm's
+outcomes for that seed.
+
     python scripts/merge_protocols.py --baseline branch_bc --baseline sft \\
         --run docs/results/protocol_2026-11-26_search_three_seeds.json branch_bc archer sft \\
         --run runs/search_wins/protocol.json archer_wins sft=sft_rerun --out runs/search_wins/merged
+    python scripts/merge_protocols.py --baseline sft_continued_4976s \\
+        --point runs/tw0/seed0/sft_continued/curve.json 0 sft_continued_4976s 4976 \\
+        --run runs/tw0/protocol.json archer_sil_v0 --out runs/tw0/at_4976s
 """
 
 from __future__ import annotations
@@ -47,6 +55,18 @@ def merge(runs: list[tuple[dict, list[str]]], key: str = "finals") -> dict[str, 
     return merged
 
 
+def curve_point(path: Path, seed: str, arm: str, seconds: float) -> dict:
+    """A report holding, as ``arm``'s outcomes for ``seed``, the point of a run dir's ``curve.json``
+    evaluated at ``seconds`` of training (within 1%: a near miss is another point, not a rounding)."""
+    points = json.loads(path.read_text()).values()
+    near = [p for p in points if abs(p["train_seconds"] - seconds) <= 0.01 * seconds and "per_episode_success" in p]
+    if not near:
+        have = sorted(round(p["train_seconds"]) for p in points)
+        raise SystemExit(f"{path} has no point with per-game outcomes at {seconds:g} s (its points: {have} s)")
+    point = min(near, key=lambda p: abs(p["train_seconds"] - seconds))
+    return {"env_id": "", "finals": {arm: {seed: point}}}
+
+
 def same_games(finals: dict[str, dict[str, dict]]) -> dict[str, dict[str, dict]]:
     """``finals``, once every (arm, seed) is known to have played the same number of held-out games."""
     games = {len(rec["per_episode_success"]) for by_seed in finals.values() for rec in by_seed.values()}
@@ -59,18 +79,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", nargs="+", action="append", required=True, metavar=("PROTOCOL_JSON", "ARM"),
                     help="a protocol.json, then the arms to take from it (arm or arm=new_name; default all)")
+    ap.add_argument("--point", nargs=4, action="append", default=[], metavar=("CURVE_JSON", "SEED", "ARM", "SECONDS"),
+                    help="an arm's outcomes for a seed from a run dir's curve.json, evaluated at SECONDS of training")
     ap.add_argument("--baseline", action="append", default=[], help="arms the others are paired with (repeatable)")
     ap.add_argument("--out", type=Path, required=True, help="writes OUT.json, OUT.md and (with curves) OUT.png")
     args = ap.parse_args(argv)
     runs = [(json.loads(Path(r[0]).read_text()), r[1:]) for r in args.run]
+    runs += [(curve_point(Path(path), seed, arm, float(seconds)), []) for path, seed, arm, seconds in args.point]
     finals, curves = same_games(merge(runs)), merge(runs, "curves")
     baselines = tuple(args.baseline) or ("sft",)
     table = compare_arms(finals, baselines)
-    sources = "; ".join(f"{r[0]} ({', '.join(r[1:]) or 'all arms'})" for r in args.run)
+    sources = "; ".join([f"{r[0]} ({', '.join(r[1:]) or 'all arms'})" for r in args.run]
+                        + [f"{path} (seed {seed} {arm} at {seconds} s)" for path, seed, arm, seconds in args.point])
     note = (f"{runs[0][0]['env_id']}, merged from {sources}. Paired differences: bootstrap 95% CI over games, "
             f"exact McNemar p; means: seed-level t-interval and a cluster bootstrap over games.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"sources": args.run, "baselines": baselines,
+    args.out.with_suffix(".json").write_text(json.dumps({"sources": args.run, "points": args.point, "baselines": baselines,
                                                          "table": table, "finals": finals, "curves": curves},
                                                         indent=1))
     if curves:

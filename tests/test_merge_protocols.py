@@ -64,3 +64,22 @@ def test_curves_of_both_runs_are_kept_and_drawn(tmp_path):
     assert sorted(merged["curves"]["arm"]) == ["0", "1"]
     assert merged["table"]["arm"]["mean"]["success"] == 0.75  # seed 0 won 1 of 2, seed 1 won 2 of 2
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_a_curve_point_is_an_arm(tmp_path):
+    """An SFT-continued arm evaluated part way (its run dir's curve.json) pairs with an RL arm."""
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"10": {**_final([0, 0, 0, 0]), "train_seconds": 100.0},
+                                 "40": {**_final([1, 1, 0, 0]), "train_seconds": 3972.4},
+                                 "90": {**_final([1, 1, 1, 1]), "train_seconds": 9000.0}}))
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(_report({"rl": {1: [1, 0, 1, 0]}})))
+    out = tmp_path / "merged"
+    assert merge_mod.main(["--baseline", "cont", "--point", str(curve), "1", "cont", "3972",
+                           "--run", str(run), "--out", str(out)]) == 0
+    merged = json.loads(out.with_suffix(".json").read_text())
+    assert merged["finals"]["cont"]["1"]["per_episode_success"] == [1, 1, 0, 0]  # the 3972 s point
+    row = merged["table"]["rl"]["per_seed"]["1"]["vs_cont"]["greedy"]
+    assert (row["diff"], row["n01"], row["n10"]) == (0.0, 1, 1)  # game 2 won only by rl, game 1 only by cont
+    with pytest.raises(SystemExit, match=r"no point .* at 5000 s \(its points: \[100, 3972, 9000\] s\)"):
+        merge_mod.main(["--point", str(curve), "1", "cont", "5000", "--run", str(run), "--out", str(out)])
