@@ -55,9 +55,13 @@ def merge(runs: list[tuple[dict, list[str]]], key: str = "finals") -> dict[str, 
     return merged
 
 
-def curve_point(path: Path, seed: str, arm: str, seconds: float) -> dict:
+def curve_point(path: Path, seed: str, arm: str, given: str) -> dict:
     """A report holding, as ``arm``'s outcomes for ``seed``, the point of a run dir's ``curve.json``
-    evaluated at ``seconds`` of training (within 1%: a near miss is another point, not a rounding)."""
+    evaluated at ``given`` seconds of training (within 1%: a near miss is another point, not a rounding)."""
+    try:
+        seconds = float(given)
+    except ValueError:
+        raise SystemExit(f"--point {path} {seed} {arm}: SECONDS must be a number, got {given!r}") from None
     points = json.loads(path.read_text()).values()
     near = [p for p in points if abs(p["train_seconds"] - seconds) <= 0.01 * seconds and "per_episode_success" in p]
     if not near:
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="writes OUT.json, OUT.md and (with curves) OUT.png")
     args = ap.parse_args(argv)
     runs = [(json.loads(Path(r[0]).read_text()), r[1:]) for r in args.run]
-    runs += [(curve_point(Path(path), seed, arm, float(seconds)), []) for path, seed, arm, seconds in args.point]
+    runs += [(curve_point(Path(path), seed, arm, seconds), []) for path, seed, arm, seconds in args.point]
     finals, curves = same_games(merge(runs)), merge(runs, "curves")
     baselines = tuple(args.baseline) or ("sft",)
     table = compare_arms(finals, baselines)

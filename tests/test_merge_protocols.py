@@ -83,3 +83,5 @@ def test_a_curve_point_is_an_arm(tmp_path):
     assert (row["diff"], row["n01"], row["n10"]) == (0.0, 1, 1)  # game 2 won only by rl, game 1 only by cont
     with pytest.raises(SystemExit, match=r"no point .* at 5000 s \(its points: \[100, 3972, 9000\] s\)"):
         merge_mod.main(["--point", str(curve), "1", "cont", "5000", "--run", str(run), "--out", str(out)])
+    with pytest.raises(SystemExit, match="SECONDS must be a number, got '1h'"):
+        merge_mod.main(["--point", str(curve), "1", "cont", "1h", "--run", str(run), "--out", str(out)])
