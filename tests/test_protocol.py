@@ -336,6 +336,23 @@ def test_demo_seeds_choose_different_training_tasks_and_the_rl_stage_must_agree(
         TrainConfig(sft=SFTConfig(demo_seed=1))  # the quickstart's branch stage replays 8 demonstrations
 
 
+def test_a_demo_pool_keeps_the_demonstrations_of_a_grown_training_split():
+    from turngym.rollout.schedule import demo_task_ids
+    from turngym.train import TrainConfig, train_env_kwargs
+    from turngym.trainers.sft import SFTConfig
+
+    tasks = [f"t{i}" for i in range(128)]
+    grown = tasks + [f"u{i}" for i in range(384)]  # the same split asked for 512 tasks: a prefix is kept
+    assert demo_task_ids(grown, 96, 0) != demo_task_ids(tasks, 96, 0)  # the shuffle sees the new tasks
+    assert demo_task_ids(grown, 96, 0, pool=128) == demo_task_ids(tasks, 96, 0)
+    assert demo_task_ids(grown, 8, -1, pool=128) == tasks  # -1: the pool's tasks in order
+    cfg = TrainConfig(train_env_kwargs={"num_games": 512})
+    assert train_env_kwargs(cfg) == {"tool_format": "xml", "num_games": 512, "split": "train"}
+    assert cfg.env_kwargs == {"tool_format": "xml"}  # the held-out evaluation keeps its own
+    with pytest.raises(ValueError, match="branch.demo_pool=0 and sft.demo_pool=128"):
+        TrainConfig(sft=SFTConfig(demo_pool=128))  # the quickstart's branch stage replays the SFT stage's
+
+
 def test_an_arm_acting_with_its_critic_is_reported_beside_its_actor(tmp_path, tiny_tokenizer):
     cfg = _tiny_base(tmp_path, tiny_tokenizer, "archer", "archer: {iterations: 1, episodes_per_iter: 2, num_envs: 2, "
                      "max_new_tokens: 6, critic_updates: 2, critic_warmup: 0, autocast: none}")

@@ -40,7 +40,7 @@ from turngym.bench.protocol import (compare_arms, held_out_eval, markdown_report
                                     steps_to_target, task_groups)
 from turngym.config import apply_overrides, load_yaml
 from turngym.rollout import Collector
-from turngym.train import TrainConfig, load_policy, rl_section, run
+from turngym.train import TrainConfig, load_policy, rl_section, run, train_env_kwargs
 from turngym.trainers.sft import sft
 from turngym.trainers.trainer import OnlineConfig
 
@@ -228,7 +228,7 @@ class Protocol:
 
         sft_cfg = apply_overrides(cfg, ["sft.epochs=1000000", f"sft.time_budget_s={budget}"]).sft
         checkpoint = out / "checkpoint"
-        res = sft(policy, cfg.env_id, sft_cfg, env_kwargs=_split(cfg.env_kwargs, cfg.train_split),
+        res = sft(policy, cfg.env_id, sft_cfg, env_kwargs=train_env_kwargs(cfg),
                   progress=not self.args.quiet, on_step=on_step, checkpoint_dir=checkpoint)
         _write_json(out / "curve.json", curve)
         stages["sft_continued"] = res

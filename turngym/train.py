@@ -114,6 +114,9 @@ class TrainConfig:
                                                    "pkg.module first, which registers it)")
     env_kwargs: dict = knob({"tool_format": "xml"}, "env constructor overrides, for training and evaluation")
     train_split: str = knob("train", "split the trainers play ('' for an env without splits)")
+    train_env_kwargs: dict = knob({}, "env constructor overrides for the training split only, over env_kwargs: "
+                                        "e.g. {num_games: 512} gives RL more tasks than the walkthroughs come from "
+                                        "(with sft.demo_pool and the RL section's demo_pool at the old count)")
     output_dir: str = knob("runs/quickstart", "checkpoints, metrics, plots, summary.json")
     seed: int = knob(0, "global seed")
     threads: int = knob(0, "torch CPU threads (0 = torch's default)")
@@ -150,10 +153,12 @@ class TrainConfig:
         if not (self.model == "default" or self.model.startswith("hf:")):
             raise ValueError(f"model must be default or hf:PATH (a model this process can train), got {self.model!r}")
         name, section = rl_section(self)
-        if getattr(section, "expert_replay", 0) and section.demo_seed != self.sft.demo_seed:
-            raise ValueError(f"{name}.expert_replay replays the SFT stage's demonstrations, but {name}.demo_seed="
-                             f"{section.demo_seed} and sft.demo_seed={self.sft.demo_seed} choose different tasks; "
-                             f"set both to the same value")
+        for knob_name in ("demo_seed", "demo_pool"):
+            mine, sft_own = getattr(section, knob_name), getattr(self.sft, knob_name)
+            if getattr(section, "expert_replay", 0) and mine != sft_own:
+                raise ValueError(f"{name}.expert_replay replays the SFT stage's demonstrations, but {name}.{knob_name}="
+                                 f"{mine} and sft.{knob_name}={sft_own} choose different tasks; "
+                                 f"set both to the same value")
 
 
 def rl_section(cfg: TrainConfig) -> tuple[str, Any]:
@@ -180,6 +185,11 @@ def load_policy(spec: str) -> Any:
 def _with_split(env_kwargs: dict, split: str) -> dict:
     """The env kwargs for one split ('' = an env without splits: pass none)."""
     return {**env_kwargs, "split": split} if split else dict(env_kwargs)
+
+
+def train_env_kwargs(cfg: TrainConfig) -> dict:
+    """The env kwargs of the tasks the SFT and RL stages train on: env_kwargs, then train_env_kwargs."""
+    return _with_split({**cfg.env_kwargs, **cfg.train_env_kwargs}, cfg.train_split)
 
 
 def save_final_model(policy: Any, path: Path, state_dict: dict | None = None) -> Path:
@@ -217,7 +227,7 @@ def preflight(cfg: TrainConfig, warn: bool = True) -> SplitCheck:
     Raises:
         ValueError: One line naming the knob and the fix.
     """
-    train_kwargs = _with_split(cfg.env_kwargs, cfg.train_split)
+    train_kwargs = train_env_kwargs(cfg)
     test_kwargs = _with_split(cfg.env_kwargs, cfg.eval.split)
     try:
         check = check_splits(cfg.env_id, train_kwargs, test_kwargs, cfg.eval.episodes, budget_s=cfg.eval.overlap_check_s)
@@ -337,7 +347,7 @@ def _run(cfg: TrainConfig, progress: bool, ctx: DistContext | None, evaluator: C
         policy.model.to(ctx.device)
         policy.device = ctx.device
     say = print if progress and main else (lambda *a, **k: None)
-    train_kwargs = _with_split(cfg.env_kwargs, cfg.train_split)
+    train_kwargs = train_env_kwargs(cfg)
 
     # auto decided once, so the trainer and the evaluations agree on the engine
     rl_cfg = rl_section(cfg)[1]
@@ -451,7 +461,7 @@ def _hierarchy_stage(cfg: TrainConfig, rl_cfg: Any, policy: Any, stages: _Stages
     policy.invalidate_caches()
     with CLOCK.stage("hierarchy"):
         critic, record = fit_critic(policy, cfg.env_id, cfg.hierarchy, rl_cfg, trained_on=actor["screened"],
-                                    env_kwargs=_with_split(cfg.env_kwargs, cfg.train_split), out_dir=out / "hierarchy",
+                                    env_kwargs=train_env_kwargs(cfg), out_dir=out / "hierarchy",
                                     collector=collector, progress=progress)
     if stages.done("hierarchy"):  # the critic was reloaded: the record made when it was fitted stands
         record = stages.data["hierarchy"]

@@ -265,7 +265,7 @@ class Collector:
                             from_wins=from_wins, rank=rank, pool=pool, keep_no_ops=keep_no_ops)
 
     def demonstrations(self, env: EnvTarget, episodes: int, seed: int = 0, demo_seed: int = -1,
-                       num_envs: int = 8) -> list[Trajectory]:
+                       num_envs: int = 8, pool: int = 0) -> list[Trajectory]:
         """The env's oracle on ``episodes`` training tasks (``demo_task_ids``), recorded as the
         policy's own tokens while it plays (``agents.scripted.Demonstrator``); successes only.
         The oracle and the chat layout are fixed, so a run's later calls with the same arguments
@@ -275,17 +275,17 @@ class Collector:
         Raises:
             RuntimeError: the oracle solved none of them.
         """
-        key = (env.env_id, repr(sorted(env.kwargs.items())), episodes, seed, demo_seed)
+        key = (env.env_id, repr(sorted(env.kwargs.items())), episodes, seed, demo_seed, pool)
         if key not in self._demos:
-            self._demos[key] = self._play_demonstrations(env, episodes, seed, demo_seed, num_envs)
+            self._demos[key] = self._play_demonstrations(env, episodes, seed, demo_seed, num_envs, pool)
         return copy.deepcopy(self._demos[key])
 
     def _play_demonstrations(self, env: EnvTarget, episodes: int, seed: int, demo_seed: int,
-                             num_envs: int) -> list[Trajectory]:
+                             num_envs: int, pool: int) -> list[Trajectory]:
         from turngym.agents.scripted import Demonstrator, OracleAgent
 
         hinted = EnvTarget(env.env_id, {**env.kwargs, "scripted_hints": True})  # the oracle plays without run limits
-        tasks = demo_task_ids(list(hinted.info.task_ids), episodes, demo_seed)
+        tasks = demo_task_ids(list(hinted.info.task_ids), episodes, demo_seed, pool)
         agent = Demonstrator(OracleAgent(), self.policy.chat) if hasattr(self.policy, "chat") else OracleAgent()
         trajs = self.play(hinted, episode_specs(tasks, episodes, seed), num_envs=num_envs, policy=agent, pooled=False)
         experts = [t for t in trajs if t.success]

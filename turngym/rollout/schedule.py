@@ -67,9 +67,14 @@ def screen_order(task_ids: list[str], solved: set[str], screened: dict[str, int]
     return sorted(task_ids, key=lambda t: (t in solved, screened.get(t, -1), rank[t]))[:n]
 
 
-def demo_task_ids(task_ids: list[str], episodes: int, demo_seed: int = -1) -> list[str]:
+def demo_task_ids(task_ids: list[str], episodes: int, demo_seed: int = -1, pool: int = 0) -> list[str]:
     """The tasks demonstrations are played on: the first ``episodes`` (``demo_seed`` -1), or
-    ``episodes`` drawn without replacement by ``demo_seed`` (cycling when there are fewer tasks)."""
+    ``episodes`` drawn without replacement by ``demo_seed`` (cycling when there are fewer tasks).
+
+    ``pool`` > 0 draws from the first ``pool`` tasks only, so a training split grown beyond them
+    (more tasks for RL to play) keeps the demonstrations it had at ``pool`` tasks."""
+    if pool > 0:
+        task_ids = task_ids[:pool]
     if demo_seed < 0:
         return list(task_ids)
     order = list(task_ids)

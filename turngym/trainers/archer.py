@@ -448,7 +448,8 @@ class ArcherTrainer(OnlineTrainer):
             raise ValueError("v_target=fresh_action samples a' from token ids: it needs an HFPolicy")
         self.heldout_tasks = heldout_tasks(self.task_ids, cfg.critic_holdout, cfg.seed)
         if cfg.expert_replay:
-            self.experts = self.collector.demonstrations(self.env, cfg.expert_replay, cfg.seed, cfg.demo_seed)
+            self.experts = self.collector.demonstrations(self.env, cfg.expert_replay, cfg.seed, cfg.demo_seed,
+                                                        pool=cfg.demo_pool)
 
     # ----- the loop -------------------------------------------------------------------------
     def step(self) -> dict[str, float]:

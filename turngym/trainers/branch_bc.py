@@ -81,6 +81,7 @@ class BranchBCConfig:
     expert_replay: int = knob(0, "the oracle's episodes on the first N training tasks (the SFT stage's data) join "
                                  "every update; 0 = off")
     demo_seed: int = knob(-1, "expert_replay's demonstrations: the SFT stage's choice of training tasks (sft.demo_seed)")
+    demo_pool: int = knob(0, "expert_replay's demonstrations: the SFT stage's task pool (sft.demo_pool)")
     actor_lr: float = knob(2e-5, "learning rate of the clone update (AdamW)")
     actor_warmup_steps: int = knob(0, "optimizer steps over which the learning rate ramps linearly up to actor_lr")
     actor_epochs: int = knob(1, "passes over the remembered episodes per iteration")
@@ -173,7 +174,8 @@ class BranchBCTrainer(IterativeTrainer):
             self.collector = Collector(self.policy, engine=engine, vllm=cfg.vllm, workers=cfg.env_workers)
         self.task_ids = list(self.env.info.task_ids)
         if cfg.expert_replay:
-            self.experts = self.collector.demonstrations(self.env, cfg.expert_replay, cfg.seed, cfg.demo_seed)
+            self.experts = self.collector.demonstrations(self.env, cfg.expert_replay, cfg.seed, cfg.demo_seed,
+                                                        pool=cfg.demo_pool)
         self._ready = True
 
     def pick_tasks(self) -> list[str]:

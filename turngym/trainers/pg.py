@@ -154,7 +154,8 @@ class PGTrainer(OnlineTrainer):
 
     def _setup_extra(self) -> None:
         if self.cfg.expert_replay:
-            experts = self.collector.demonstrations(self.env, self.cfg.expert_replay, self.cfg.seed, self.cfg.demo_seed)
+            experts = self.collector.demonstrations(self.env, self.cfg.expert_replay, self.cfg.seed, self.cfg.demo_seed,
+                                                   pool=self.cfg.demo_pool)
             # each rank replays its share: gradients are averaged over ranks, so a full copy on every
             # rank would weigh the demonstrations world_size times against the clones
             self.experts = experts[self.ctx.rank :: self.ctx.world_size]

@@ -48,6 +48,8 @@ class SFTConfig:
     seed: int = knob(0, "seeds the expert episodes and the data order")
     demo_seed: int = knob(-1, "which training tasks the demonstrations come from: -1 = the first `episodes` tasks; "
                               "k >= 0 = `episodes` tasks drawn with seed k (protocol seeds see different demonstrations)")
+    demo_pool: int = knob(0, "demonstrations come from the first N training tasks only (0 = all), so a training "
+                             "split grown for RL (train_env_kwargs) keeps the walkthroughs it had at N tasks")
     time_budget_s: float = knob(0.0, "stop after the optimizer step whose training seconds (the update loop, "
                                      "without making the expert data or on_step's work) reach this; 0 = no limit")
 
@@ -104,9 +106,9 @@ def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | No
     torch.manual_seed(cfg.seed)  # e.g. LoRA's initialisation: a resumed pipeline must redo SFT identically
     env = EnvTarget(env_id, dict(env_kwargs or {}))
     if collector is not None:
-        return collector.demonstrations(env, cfg.episodes, cfg.seed, cfg.demo_seed)
+        return collector.demonstrations(env, cfg.episodes, cfg.seed, cfg.demo_seed, pool=cfg.demo_pool)
     with Collector(policy) as own:
-        return own.demonstrations(env, cfg.episodes, cfg.seed, cfg.demo_seed)
+        return own.demonstrations(env, cfg.episodes, cfg.seed, cfg.demo_seed, pool=cfg.demo_pool)
 
 
 def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progress: bool,

@@ -106,6 +106,7 @@ class OnlineConfig:
     screen_every: int = knob(4, "task_sampling=greedy_failed: iterations between greedy screens of every training task")
     seed: int = knob(0, "seeds task order, sampling and minibatches")
     demo_seed: int = knob(-1, "expert_replay's demonstrations: the SFT stage's choice of training tasks (sft.demo_seed)")
+    demo_pool: int = knob(0, "expert_replay's demonstrations: the SFT stage's task pool (sft.demo_pool)")
     checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
     time_budget_s: float = knob(0.0, "stop after the iteration whose training seconds (collect + update, "
                                      "not on_iteration's work) reach this; 0 = no limit")
