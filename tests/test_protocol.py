@@ -351,6 +351,8 @@ def test_a_demo_pool_keeps_the_demonstrations_of_a_grown_training_split():
     assert cfg.env_kwargs == {"tool_format": "xml"}  # the held-out evaluation keeps its own
     with pytest.raises(ValueError, match="branch.demo_pool=0 and sft.demo_pool=128"):
         TrainConfig(sft=SFTConfig(demo_pool=128))  # the quickstart's branch stage replays the SFT stage's
+    with pytest.raises(ValueError, match="demo_pool must be >= 0"):
+        SFTConfig(demo_pool=-1)
 
 
 def test_an_arm_acting_with_its_critic_is_reported_beside_its_actor(tmp_path, tiny_tokenizer):

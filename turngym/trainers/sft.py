@@ -58,6 +58,8 @@ class SFTConfig:
             raise ValueError("episodes and batch_size must be >= 1 and epochs >= 0")
         if self.time_budget_s < 0:
             raise ValueError(f"time_budget_s must be >= 0, got {self.time_budget_s}")
+        if self.demo_pool < 0:
+            raise ValueError(f"demo_pool must be >= 0 (0 = every training task), got {self.demo_pool}")
 
 
 def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: dict | None = None,
