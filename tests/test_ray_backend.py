@@ -80,12 +80,31 @@ def test_ray_env_matches_local_env(ray_local):
         local.close()
 
 
+def _wait_until_dead(actor, limit_s: float = 30.0) -> None:
+    """Block until a killed actor refuses calls.
+
+    ``ray.kill`` only asks the cluster to kill the actor; a call sent right after it can still reach
+    the live actor and succeed, so the test waits for the death it means to exercise.
+    """
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.ping.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the killed actor still answered after {limit_s:g}s")
+
+
 def test_killed_actor_raises_env_crashed_then_recovers(ray_local):
     make = make_env_factory(GUESS)
     env, probe = RayEnv(make, timeout_s=30), make()
     try:
         env.reset(seed=0, options={"task_id": "2"})
         ray.kill(env.actor)  # the actor dies mid-episode
+        _wait_until_dead(env.actor)
         with pytest.raises(EnvCrashed, match="died"):
             env.step(_guess(probe, 1))
         assert env.restarts == 1
