@@ -11,7 +11,9 @@ the finals and the curves), OUT.md and, where the runs recorded learning curves,
 An arm's evaluation part way through its training (an SFT-continued arm evaluated where a shorter RL
 arm ended) is in its run dir's ``curve.json`` rather than in ``protocol.json``: ``--point CURVE_JSON
 SEED ARM SECONDS`` takes the point evaluated at SECONDS of training (to within 1%) as that arm's
-outcomes for that seed.
+outcomes for that seed. A run stopped before its ``protocol.json`` was written still holds each
+finished stage's evaluation in its run dirs' ``stages.json``: ``--stage STAGES_JSON SEED ARM STAGE``
+takes one (``eval_sft``: the SFT weights the run's RL arms start from).
 
     python scripts/merge_protocols.py --baseline branch_bc --baseline sft \\
         --run docs/results/protocol_2026-11-26_search_three_seeds.json branch_bc archer sft \\
@@ -71,6 +73,16 @@ def curve_point(path: Path, seed: str, arm: str, given: str) -> dict:
     return {"env_id": "", "finals": {arm: {seed: point}}}
 
 
+def stage_outcomes(path: Path, seed: str, arm: str, stage: str) -> dict:
+    """A report holding, as ``arm``'s outcomes for ``seed``, the evaluation a run dir's ``stages.json``
+    recorded for ``stage`` (e.g. ``eval_sft``)."""
+    stages = json.loads(path.read_text())
+    evaluated = sorted(k for k, v in stages.items() if isinstance(v, dict) and "per_episode_success" in v)
+    if stage not in evaluated:
+        raise SystemExit(f"{path} has no evaluated stage {stage!r} (it has {evaluated})")
+    return {"env_id": "", "finals": {arm: {seed: stages[stage]}}}
+
+
 def same_games(finals: dict[str, dict[str, dict]]) -> dict[str, dict[str, dict]]:
     """``finals``, once every (arm, seed) is known to have played the same number of held-out games."""
     games = {len(rec["per_episode_success"]) for by_seed in finals.values() for rec in by_seed.values()}
@@ -85,20 +97,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="a protocol.json, then the arms to take from it (arm or arm=new_name; default all)")
     ap.add_argument("--point", nargs=4, action="append", default=[], metavar=("CURVE_JSON", "SEED", "ARM", "SECONDS"),
                     help="an arm's outcomes for a seed from a run dir's curve.json, evaluated at SECONDS of training")
+    ap.add_argument("--stage", nargs=4, action="append", default=[], metavar=("STAGES_JSON", "SEED", "ARM", "STAGE"),
+                    help="an arm's outcomes for a seed from a run dir's stages.json (e.g. its eval_sft stage)")
     ap.add_argument("--baseline", action="append", default=[], help="arms the others are paired with (repeatable)")
     ap.add_argument("--out", type=Path, required=True, help="writes OUT.json, OUT.md and (with curves) OUT.png")
     args = ap.parse_args(argv)
     runs = [(json.loads(Path(r[0]).read_text()), r[1:]) for r in args.run]
     runs += [(curve_point(Path(path), seed, arm, seconds), []) for path, seed, arm, seconds in args.point]
+    runs += [(stage_outcomes(Path(path), seed, arm, stage), []) for path, seed, arm, stage in args.stage]
     finals, curves = same_games(merge(runs)), merge(runs, "curves")
     baselines = tuple(args.baseline) or ("sft",)
     table = compare_arms(finals, baselines)
     sources = "; ".join([f"{r[0]} ({', '.join(r[1:]) or 'all arms'})" for r in args.run]
-                        + [f"{path} (seed {seed} {arm} at {seconds} s)" for path, seed, arm, seconds in args.point])
+                        + [f"{path} (seed {seed} {arm} at {seconds} s)" for path, seed, arm, seconds in args.point]
+                        + [f"{path} (seed {seed} {arm}: its {stage})" for path, seed, arm, stage in args.stage])
     note = (f"{runs[0][0]['env_id']}, merged from {sources}. Paired differences: bootstrap 95% CI over games, "
             f"exact McNemar p; means: seed-level t-interval and a cluster bootstrap over games.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"sources": args.run, "points": args.point, "baselines": baselines,
+    args.out.with_suffix(".json").write_text(json.dumps({"sources": args.run, "points": args.point, "stages": args.stage,
+                                                         "baselines": baselines,
                                                          "table": table, "finals": finals, "curves": curves},
                                                         indent=1))
     if curves:

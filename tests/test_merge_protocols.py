@@ -85,3 +85,18 @@ def test_a_curve_point_is_an_arm(tmp_path):
         merge_mod.main(["--point", str(curve), "1", "cont", "5000", "--run", str(run), "--out", str(out)])
     with pytest.raises(SystemExit, match="SECONDS must be a number, got '1h'"):
         merge_mod.main(["--point", str(curve), "1", "cont", "1h", "--run", str(run), "--out", str(out)])
+
+
+def test_a_finished_stage_of_an_unfinished_run_is_an_arm(tmp_path):
+    """A run stopped before its protocol.json still pairs through its SFT stage's evaluation."""
+    stages = tmp_path / "stages.json"
+    stages.write_text(json.dumps({"sft": {"sft/loss": 0.3}, "eval_sft": _final([1, 0, 0, 0])}))
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(_report({"rl": {0: [1, 1, 1, 0]}})))
+    out = tmp_path / "merged"
+    assert merge_mod.main(["--baseline", "sft", "--stage", str(stages), "0", "sft", "eval_sft",
+                           "--run", str(run), "--out", str(out)]) == 0
+    row = json.loads(out.with_suffix(".json").read_text())["table"]["rl"]["per_seed"]["0"]["vs_sft"]["greedy"]
+    assert (row["diff"], row["n01"], row["n10"]) == (0.5, 2, 0)  # games 1 and 2 won only by rl
+    with pytest.raises(SystemExit, match=r"no evaluated stage 'eval_rl' \(it has \['eval_sft'\]\)"):
+        merge_mod.main(["--stage", str(stages), "0", "sft", "eval_rl", "--run", str(run), "--out", str(out)])
