@@ -1,13 +1,13 @@
 """Acting with the critic, with and without the KV caches that spare each turn its history, in one run.
 
-Acting with the critic (``eval.critic_guided``, ``trainers.critic_guided.CriticGuidedPolicy``) scores
+Acting with the critic (``acting.k``, ``trainers.archer.acting.CriticGuidedPolicy``) scores
 the greedy reply and its runner-ups at every turn. Two caches spare it prefilling the episode's
 history for that:
 
 - **actor**: the runner-ups are chosen and finished from the KV cache the greedy reply left
   (``HFPolicy.held_cache``, passed to ``alternatives`` as ``episode_caches``);
 - **critic**: the critic's features of a turn's replies run on the keys and values of the previous
-  turn's prompt (``critic_encoder.PromptFeatures``), as ArCHer's ``reply_values`` does.
+  turn's prompt (``archer.encoder.PromptFeatures``), as ArCHer's ``reply_values`` does.
 
 Both sides play the same held-out games from the quickstart's SFT weights, with the same critic (a
 fixed random linear read-out of the frozen reference's features, the cost of ArCHer's critic without
@@ -37,8 +37,8 @@ def play(policy, ref, head, cfg, games: int, k: int, cached: bool) -> dict:
     from turngym.agents.base import SamplingParams
     from turngym.bench.evaluate import evaluate
     from turngym.trainers.actor import autocast
-    from turngym.trainers.critic_encoder import PromptFeatures
-    from turngym.trainers.critic_guided import CriticGuidedPolicy
+    from turngym.trainers.archer.encoder import PromptFeatures
+    from turngym.trainers.archer.acting import CriticGuidedPolicy
 
     features = PromptFeatures(ref, budget_mb=2048 if cached else 0)
 
@@ -69,7 +69,7 @@ def play(policy, ref, head, cfg, games: int, k: int, cached: bool) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--games", type=int, default=32, help="held-out TextWorld-easy games per side")
-    p.add_argument("--k", type=int, default=3, help="runner-ups scored per turn (eval.critic_guided)")
+    p.add_argument("--k", type=int, default=3, help="runner-ups scored per turn (acting.k)")
     p.add_argument("--rounds", type=int, default=2, help="rounds over the sides (the order alternates)")
     p.add_argument("--weights", default=str(Path.home() / ".cache" / "turngym" / "roofline_sft.pt"),
                    help="the quickstart's SFT weights (made by benchmarks/roofline.py when missing)")

@@ -323,7 +323,8 @@ def _demonstrations(policy, cfg, kwargs) -> list:
 
         return expert_data(policy, cfg.env_id, cfg.sft.episodes, kwargs, cfg.sft.seed)
     with Collector(policy) as c:
-        return c.demonstrations(EnvTarget(cfg.env_id, kwargs), cfg.sft.episodes, cfg.sft.seed, cfg.sft.demo_seed)
+        d = cfg.sft.demo_choice()
+        return c.demonstrations(EnvTarget(cfg.env_id, kwargs), cfg.sft.episodes, d["seed"], d["demo_seed"], pool=d["pool"])
 
 
 def _clone(trainer, data) -> None:

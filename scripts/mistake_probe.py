@@ -16,16 +16,39 @@ median 0.17 for the walkthrough's move against 0.66 for the move taken.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
-from critic_probe import (  # scripts/ is on sys.path when run
-    add_policy_args,
-    load_policy,
-    oracle_env_kwargs,
-)
 
+import torch
+
+from turngym.agents import make_agent
 from turngym.agents.base import SamplingParams
 from turngym.rollout import env_info, episode_specs, make_env_factory, rollout
+
+
+def add_policy_args(ap: argparse.ArgumentParser, split: str) -> None:
+    """The env and policy arguments."""
+    ap.add_argument("--env", default="turngym/TextWorld-easy-v0")
+    ap.add_argument("--env-kwargs", type=json.loads, default={"tool_format": "xml"})
+    ap.add_argument("--split", default=split, help="'' for envs without splits")
+    ap.add_argument("--agent", default="default")
+    ap.add_argument("--weights", default=None, help="a state dict to load into the policy (e.g. sft_model.pt)")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+
+
+def load_policy(args):
+    """The policy named by ``--agent``, with ``--weights`` loaded if given."""
+    policy = make_agent(args.agent)
+    if args.weights:
+        policy.model.load_state_dict(torch.load(args.weights, map_location="cpu"))
+    return policy
+
+
+def oracle_env_kwargs(args) -> dict:
+    """The env's kwargs with the oracle's next action and the expert-match label in ``info``
+    (the policy's view is unchanged)."""
+    return {**args.env_kwargs, **({"split": args.split} if args.split else {}), "scripted_hints": True, "expert_labels": True}
 
 
 def first_mistakes(policy, trajs) -> list[dict]:

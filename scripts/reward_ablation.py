@@ -90,13 +90,12 @@ def train_kwargs(args) -> dict:
 def make_trainer(arm: str, policy, args, out: Path):
     common = dict(iterations=args.iterations, episodes_per_iter=args.episodes_per_iter, num_envs=args.episodes_per_iter,
                   max_turns=args.max_turns, max_new_tokens=args.max_new_tokens, trainable=args.trainable,
-                  actor_lr=args.actor_lr, seed=args.seed, checkpoint_every=0, reward=arm_reward(arm, args),
-                  minibatch_size=args.minibatch_size)
+                  actor_lr=args.actor_lr, seed=args.seed, checkpoint_every=0, reward=arm_reward(arm, args))
     env_kwargs = train_kwargs(args)
     if args.algo == "archer":
-        cfg = ArcherConfig(critic_updates=args.critic_updates, critic_warmup=args.critic_warmup, **common)
+        cfg = ArcherConfig(critic_epochs=args.critic_updates, warmup_iters=args.critic_warmup, **common)
         return ArcherTrainer(policy, args.env, cfg, env_kwargs=env_kwargs, out_dir=out / arm)
-    cfg = PGConfig(algo=args.algo, group_size=args.group_size, **common)
+    cfg = PGConfig(algo=args.algo, group_size=args.group_size, minibatch_size=args.minibatch_size, **common)
     return PGTrainer(policy, args.env, cfg, env_kwargs=env_kwargs, out_dir=out / arm)
 
 
@@ -193,8 +192,8 @@ def parse_args():
     ap.add_argument("--minibatch-size", type=int, default=4)
     ap.add_argument("--trainable", default="top:8")
     ap.add_argument("--actor-lr", type=float, default=2e-5)
-    ap.add_argument("--critic-updates", type=int, default=20)
-    ap.add_argument("--critic-warmup", type=int, default=20)
+    ap.add_argument("--critic-updates", type=int, default=20, help="archer: TD steps per iteration (critic_epochs)")
+    ap.add_argument("--critic-warmup", type=int, default=1, help="archer: iterations of critic alone (warmup_iters)")
     ap.add_argument("--shaping", default="valid_call", help="valid_call | new_observation | new_state")
     ap.add_argument("--bonus", type=float, default=0.2, help="the gameable step bonus")
     ap.add_argument("--tau", type=float, default=1.0, help="G-RA threshold on the outcome")

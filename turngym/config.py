@@ -141,3 +141,32 @@ def describe(cfg: Any) -> str:
         else:
             lines.append(f"{f.name} = {value!r}  # {f.metadata.get('help', '')}")
     return "\n".join(lines)
+
+
+def default_value(cls: type, name: str) -> Any:
+    """The default of field ``name`` of config class ``cls``."""
+    return _default_of(next(f for f in dataclasses.fields(cls) if f.name == name))
+
+
+def refuse_unless(cfg: Any, name: str, read: bool, when: str) -> None:
+    """A knob set away from its default where nothing reads it is an error that names it: a knob
+    read by nothing would let a run look configured when it is not.
+
+    Args:
+        cfg: A config instance.
+        name: The knob.
+        read: Whether this configuration reads it.
+        when: What makes it read, for the message (e.g. ``"with trainable=lora"``).
+
+    Raises:
+        ValueError: ``cfg.name`` differs from its default and ``read`` is False.
+    """
+    default = default_value(type(cfg), name)
+    if not read and getattr(cfg, name) != default:
+        raise ValueError(f"{name}={getattr(cfg, name)!r} is read only {when}; leave it at {default!r} or set that")
+
+
+def seed_of(cfg: Any) -> int:
+    """A section's seed: its own, or 0 when it is None (``turngym train`` gives every section the
+    run's seed unless it set its own)."""
+    return 0 if cfg.seed is None else int(cfg.seed)

@@ -42,7 +42,7 @@ from turngym.config import apply_overrides, load_yaml
 from turngym.rollout import Collector
 from turngym.train import TrainConfig, load_policy, rl_section, run, train_env_kwargs
 from turngym.trainers.sft import sft
-from turngym.trainers.trainer import OnlineConfig
+from turngym.trainers.registry import get_algorithm
 
 
 @dataclass
@@ -91,9 +91,11 @@ def _given_budget(arm: Arm) -> float | None:
     return seconds
 
 
-def _point(rec: dict, iteration: int, env_steps: int | None, train_seconds: float) -> dict:
-    """A learning-curve point: where it was taken and its held-out record."""
-    return {"iteration": iteration, "env_steps": env_steps, "train_seconds": train_seconds, **rec}
+def _point(rec: dict, iteration: int, env_steps: int | None, train_seconds: float, env_episodes: int | None = None) -> dict:
+    """A learning-curve point: where it was taken (iteration, env steps and episodes, training
+    seconds) and its held-out record."""
+    return {"iteration": iteration, "env_steps": env_steps, "env_episodes": env_episodes, "train_seconds": train_seconds,
+            **rec}
 
 
 class Protocol:
@@ -122,7 +124,7 @@ class Protocol:
                 raise SystemExit(f"--arm {arm.name}: {e}") from e
         rl = rl_section(self.base)[1]
         # the training temperature of the online trainers; branch BC plays greedily, so the default 1.0
-        trained_at = rl.temperature if isinstance(rl, OnlineConfig) else 1.0
+        trained_at = getattr(rl, "temperature", 1.0)
         self.temperature = trained_at if args.temperature is None else args.temperature
         self.held_out = _split(self.base.env_kwargs, self.base.eval.split)
         self.groups = task_groups(self.base.env_id, self.held_out)
@@ -131,13 +133,12 @@ class Protocol:
     # ----- configs and evaluation ------------------------------------------------------------
     def config(self, arm: Arm, seed: int, rl_iterations: int | None = None) -> TrainConfig:
         algo = arm.algo if arm.is_rl else self.base.algo
-        sets = [f"algo={algo}", *arm.overrides, f"seed={seed}", f"sft.seed={seed}", f"archer.seed={seed}",
-                f"pg.seed={seed}", f"branch.seed={seed}", f"hierarchy.seed={seed}",
-                f"output_dir={self.out / f'seed{seed}' / arm.name}"]
+        # the run's seed derives every stage's (sections that set their own keep it)
+        sets = [f"algo={algo}", *arm.overrides, f"seed={seed}", f"output_dir={self.out / f'seed{seed}' / arm.name}"]
         if not self.args.same_demos:  # each seed's SFT sees its own subset of the training tasks
-            sets += [f"{section}.demo_seed={seed}" for section in ("sft", "archer", "pg", "branch")]
+            sets.append("sft.demos=drawn")
         if rl_iterations is not None:
-            sets += [f"{name}.iterations={rl_iterations}" for name in ("archer", "pg", "branch")]
+            sets.append(f"{get_algorithm(algo).section}.iterations={rl_iterations}")
         return apply_overrides(self.base, sets)
 
     def evaluate(self, policy, cfg: TrainConfig, label: str) -> dict:
@@ -190,7 +191,8 @@ class Protocol:
             if trainer.iteration % every == 0 and not trainer.done():
                 label = f"seed {seed} {arm.name} it {trainer.iteration} ({trainer.train_seconds:.0f}s)"
                 rec = self.evaluate(trainer.policy, cfg, label)
-                curve[str(trainer.iteration)] = _point(rec, trainer.iteration, trainer.env_steps, trainer.train_seconds)
+                curve[str(trainer.iteration)] = _point(rec, trainer.iteration, trainer.env_steps, trainer.train_seconds,
+                                                       trainer.env_episodes)
             _write_json(curve_path, curve)
 
         run(cfg, progress=not self.args.quiet, on_iteration=on_iteration,
@@ -201,7 +203,7 @@ class Protocol:
 
         Hours of training save as they go (``sft``'s checkpoint) and the curve is written at each
         evaluation, so a killed protocol goes on from the last save without evaluating a point twice."""
-        cfg = self.config(arm, seed)
+        cfg = self.config(arm, seed).with_seeds()
         out = Path(cfg.output_dir)
         if self.finished(arm, seed):
             return
@@ -274,14 +276,14 @@ class Protocol:
         """An arm's final record and its learning curve (start = the SFT evaluation)."""
         out = self.out / f"seed{seed}" / arm.name
         stages = _read_json(self.out / f"seed{seed}" / "sft" / "stages.json")
-        points = [_point(stages["eval_sft"], 0, 0, 0.0)]
+        points = [_point(stages["eval_sft"], 0, 0, 0.0, 0)]
         if arm.algo == "sft":
             return stages["eval_sft"], points
         mine = _read_json(out / "stages.json")
         mid = sorted(_read_json(out / "curve.json", {}).values(), key=lambda p: p["iteration"])
         if arm.is_rl:
             rl = mine["rl"]
-            end = _point(mine["eval_final"], rl["iterations"], rl["env_steps"], rl["train_seconds"])
+            end = _point(mine["eval_final"], rl["iterations"], rl["env_steps"], rl["train_seconds"], rl.get("env_episodes"))
         else:
             res = mine["sft_continued"]
             end = _point(mine["eval_final"], res["sft/steps"], None, res["sft/train_seconds"])
@@ -312,7 +314,7 @@ class Protocol:
                 if partial and not self.finished(arm, seed):
                     continue
                 final, points = self.curve(arm, seed)
-                keep = ("iteration", "env_steps", "train_seconds", "success", "success_ci95", "temp_success")
+                keep = ("iteration", "env_steps", "env_episodes", "train_seconds", "success", "success_ci95", "temp_success")
                 rows = [(arm.name, final, points)]
                 guided = _read_json(self.out / f"seed{seed}" / arm.name / "stages.json", {}).get("eval_final_critic")
                 if guided is not None and arm.is_rl:  # eval.critic_guided: the same actor, acting with its critic
@@ -367,7 +369,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="held-out success whose env steps to reach are reported (default: SFT's mean + 0.05)")
     p.add_argument("--same-demos", action="store_true",
                    help="every seed's SFT sees the same (first) training tasks; by default seed S draws its own "
-                        "subset (sft.demo_seed=S), so seeds vary the demonstrations, not only the data order")
+                        "subset (sft.demos=drawn, with the seed), so seeds vary the demonstrations, not only the data order")
     p.add_argument("--baseline", action="append", default=[], metavar="ARM",
                    help="also pair every arm with this one (SFT, SFT-continued and branch_bc always are)")
     p.add_argument("--out", default="runs/protocol")

@@ -1,29 +1,32 @@
-"""The full training path behind ``turngym train``: load the policy, evaluate it zero-shot on held-out
-tasks, SFT warm start, evaluate, RL (ArCHer or a critic-free algorithm), evaluate.
+"""The full training path behind ``turngym train``: registered stages, run in order.
+
+The stages and config sections come from the modules that own them (``trainers.stages``): SFT
+warm start, held-out evaluations, the RL algorithm (any registered one), and post-stages such as
+ArCHer's hierarchy. This module builds ``TrainConfig`` from the registered sections, checks the run
+before any CPU is spent (``preflight``), and runs the stages; it names no algorithm.
 
 Stages are recorded in ``<output_dir>/stages.json`` as they finish, and the SFT weights are kept,
 so a killed run resumes at the stage it was in (the RL stage from its own checkpoint).
-
-This module sits above both the trainers and bench (it uses bench's held-out evaluation), and holds
-the ``turngym train`` command line too.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import json
 import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+import turngym.trainers  # noqa: F401  (registers every algorithm, section and stage)
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.bench.heldout import SplitCheck, check_splits, describe_overlap, plot_stages
@@ -32,20 +35,16 @@ from turngym.clock import CLOCK, breakdown_table, quiet
 from turngym.config import apply_overrides, describe, knob, load_yaml
 from turngym.envs.registry import resolve_env_id
 from turngym.rollout import Collector
-from turngym.trainers.archer import ArcherConfig
-from turngym.trainers.branch_bc import BranchBCConfig
 from turngym.trainers.checkpoint import has_checkpoint
-from turngym.trainers.critic_guided import CriticGuidedPolicy
 from turngym.trainers.distributed import DistContext, full_params, is_sharded, model_state_dict
-from turngym.trainers.hierarchy import HierarchyConfig, fit_critic, trained_actor
 from turngym.trainers.logger import MetricsLogger
-from turngym.trainers.pg import PGConfig
 from turngym.trainers.registry import algorithm_names, algorithms_help, get_algorithm
-from turngym.trainers.sft import SFTConfig, sft
+from turngym.trainers.sft import sft
+from turngym.trainers.stages import Section, Stage, register_section, register_stage, sections, stages
 from turngym.trainers.trainer import resolve_rollout_engine
 
 
-@dataclass
+@dataclasses.dataclass
 class EvalConfig:
     """Held-out evaluation between stages."""
 
@@ -59,109 +58,88 @@ class EvalConfig:
                                         "before training (0: task ids only)")
     allow_train_overlap: bool = knob(False, "train even when held-out tasks are training tasks (a loud "
                                             "warning, and summary.json's held_out_check lists them)")
-    critic_guided: int = knob(0, "after ArCHer (or with hierarchy.tasks, after any RL stage), also evaluate the actor "
-                                 "acting with its critic (stage final_critic): at every turn the greedy reply and this "
-                                 "many runner-ups are scored by min(Q1, Q2) and the best is played (0: off)")
-    critic_margin: float = knob(0.0, "critic_guided: how much higher a runner-up's score must be to replace the greedy reply")
-    critic_prior: float = knob(0.0, "critic_guided: a reply's score is min(Q1, Q2) + this x its log-probability "
-                                    "under the actor (as archer.branch_rank_prior)")
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.num_envs < 1 or self.max_new_tokens < 1:
             raise ValueError("episodes, num_envs and max_new_tokens must be >= 1")
         if self.overlap_check_s < 0:
             raise ValueError(f"overlap_check_s must be >= 0, got {self.overlap_check_s}")
-        if min(self.critic_guided, self.critic_margin, self.critic_prior) < 0:
-            raise ValueError("critic_guided, critic_margin and critic_prior must be >= 0, got "
-                             f"{self.critic_guided}, {self.critic_margin}, {self.critic_prior}")
 
 
-# The quickstart: what `turngym train` runs with no config (see configs/quickstart.yaml for the why
-# of each number). xml tool calls (<act>go east</act>) are ~8 tokens; the top 8 of SmolLM2's 30 blocks train.
-def _quickstart_sft() -> SFTConfig:
-    return SFTConfig(episodes=8, epochs=8, lr=3e-4, batch_size=4, trainable="top:8")
+register_section(Section("eval", EvalConfig, EvalConfig, "held-out evaluation"))
 
 
-def _quickstart_archer() -> ArcherConfig:
-    # the branch stage's search (screen 64 games, runner-ups at 2 points, 3 wide, 2 deep) feeds the critic;
-    # AWR at the states where the tree holds several replies, fitted like the clones (lr 3e-4, 8 passes)
-    return ArcherConfig(iterations=1, episodes_per_iter=64, num_envs=64, max_state_visits=3, max_new_tokens=16,
-                        trainable="top:8", branch_by="state_key", actor_lr=3e-4, actor_epochs=8, minibatch_size=4,
-                        micro_batch_size=4, expert_replay=8, critic_updates=500)
-
-
-def _quickstart_branch() -> BranchBCConfig:
-    return BranchBCConfig(iterations=1, episodes_per_iter=64, num_envs=64, max_state_visits=3, max_new_tokens=16,
-                          trainable="top:8", actor_lr=3e-4, actor_epochs=8, minibatch_size=4, micro_batch_size=4,
-                          branch_points=2, branch_width=3, branch_depth=2, expert_replay=8)
-
-
-def _quickstart_pg() -> PGConfig:
-    return PGConfig(algo="filtered_bc", iterations=100, time_budget_s=420, group_size=8, episodes_per_iter=64,
-                    num_envs=64, minibatch_size=8, micro_batch_size=4, top_p=1.0, max_state_visits=3,
-                    max_new_tokens=16, trainable="top:8", actor_lr=1e-4, actor_epochs=2, actor_warmup_steps=2,
-                    task_sampling="greedy_failed", screen_every=3, expert_replay=8,
-                    reward=["env", {"name": "format", "unparseable": -0.1, "invalid": -0.1}])
-
-
-@dataclass
-class TrainConfig:
-    """``turngym train``: its defaults are the quickstart (embedded model, SFT, online filtered BC, TextWorld-easy)."""
-
-    model: str = knob("default", "policy: default (embedded SmolLM2-135M) | hf:PATH")
-    algo: str = knob("branch_bc", "the algorithm after SFT: " + " | ".join(algorithm_names()))
-    env_id: str = knob("turngym/TextWorld-easy-v0", "environment to train on (pkg.module:ns/Name-v0 imports "
-                                                   "pkg.module first, which registers it)")
-    env_kwargs: dict = knob({"tool_format": "xml"}, "env constructor overrides, for training and evaluation")
-    train_split: str = knob("train", "split the trainers play ('' for an env without splits)")
-    train_env_kwargs: dict = knob({}, "env constructor overrides for the training split only, over env_kwargs: "
-                                        "e.g. {num_games: 512} gives RL more tasks than the walkthroughs come from "
-                                        "(with sft.demo_pool and the RL section's demo_pool at the old count)")
-    output_dir: str = knob("runs/quickstart", "checkpoints, metrics, plots, summary.json")
-    seed: int = knob(0, "global seed")
-    threads: int = knob(0, "torch CPU threads (0 = torch's default)")
-    sft: SFTConfig = knob(_quickstart_sft, "SFT warm start")
-    branch: BranchBCConfig = knob(_quickstart_branch, "branch-search BC (algo=branch_bc)")
-    archer: ArcherConfig = knob(_quickstart_archer, "ArCHer (algo=archer)")
-    pg: PGConfig = knob(_quickstart_pg, "critic-free trainers (algo=" + "|".join(algorithm_names("pg")) + ")")
-    hierarchy: HierarchyConfig = knob(HierarchyConfig, "after the RL stage: the critic of the trained actor, which "
-                                                       "acts with it (eval.critic_guided; off while hierarchy.tasks is 0)")
-    eval: EvalConfig = knob(EvalConfig, "held-out evaluation")
+class _TrainConfigBase:
+    """``turngym train``'s config: the run's own knobs, then one section per registered config
+    section (``trainers.stages.sections``). Its defaults are the quickstart (embedded model, SFT,
+    branch-search BC, TextWorld-easy)."""
 
     @classmethod
     def prepare_fields(cls, data: dict) -> dict:
         """Before the sections are built: the top-level algo names the pg section's algo, so
         ``algo=filtered_bc pg.expert_replay=8`` over a config whose pg.algo is rloo builds."""
+        from turngym.trainers.pg import PGConfig
+
         algo, pg = data.get("algo"), data.get("pg")
         if algo in algorithm_names("pg") and isinstance(pg, dict) and pg.get("algo", algo) != algo:
             data["pg"] = PGConfig.fields_for(algo, pg)
         return data
 
     def __post_init__(self) -> None:
-        if get_algorithm(self.algo).config is PGConfig and self.pg.algo != self.algo:
-            self.pg = PGConfig(**PGConfig.fields_for(self.algo, asdict(self.pg)))
+        algo = get_algorithm(self.algo)
+        rl = getattr(self, algo.section)
+        if hasattr(rl, "algo") and rl.algo != self.algo:  # a section several algorithms share names its own
+            setattr(self, algo.section, type(rl)(**type(rl).fields_for(self.algo, asdict(rl))))
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
-        own_critic = hasattr(get_algorithm(self.algo).trainer, "reply_values")
-        if self.eval.critic_guided and not (own_critic or self.hierarchy.tasks):
-            raise ValueError(f"eval.critic_guided={self.eval.critic_guided}: algo={self.algo} trains no utterance "
-                             "critic to act with; use algo=archer, set hierarchy.tasks (the critic of the trained "
-                             "actor), or eval.critic_guided=0")
-        if self.hierarchy.tasks and not self.eval.critic_guided:
-            raise ValueError(f"hierarchy.tasks={self.hierarchy.tasks} fits a critic that acts: set eval.critic_guided "
-                             f"(runner-ups scored per turn, e.g. {self.hierarchy.width}), or hierarchy.tasks=0")
         if not (self.model == "default" or self.model.startswith("hf:")):
             raise ValueError(f"model must be default or hf:PATH (a model this process can train), got {self.model!r}")
-        name, section = rl_section(self)
-        for knob_name in ("demo_seed", "demo_pool"):
-            mine, sft_own = getattr(section, knob_name), getattr(self.sft, knob_name)
-            if getattr(section, "expert_replay", 0) and mine != sft_own:
-                raise ValueError(f"{name}.expert_replay replays the SFT stage's demonstrations, but {name}.{knob_name}="
-                                 f"{mine} and sft.{knob_name}={sft_own} choose different tasks; "
-                                 f"set both to the same value")
+        for section in sections():
+            if section.check is not None and hasattr(self, section.name):
+                section.check(self)
+
+    def with_seeds(self) -> Any:
+        """A copy whose sections without a seed of their own (None) have the run's: one seed derives
+        every stage's (``turngym protocol`` sets that one knob)."""
+        out = copy.deepcopy(self)
+        for section in sections():
+            part = getattr(out, section.name, None)
+            if part is not None and getattr(part, "seed", 0) is None:
+                part.seed = self.seed
+        return out
+
+    def rl_section(self) -> Any:
+        """The config of the RL algorithm ``algo`` (the registry names its section)."""
+        return getattr(self, get_algorithm(self.algo).section)
+
+    def rl_trainer(self) -> type:
+        return get_algorithm(self.algo).trainer
 
 
-def rl_section(cfg: TrainConfig) -> tuple[str, Any]:
+def _train_config_class() -> type:
+    own = [
+        ("model", str, knob("default", "policy: default (embedded SmolLM2-135M) | hf:PATH")),
+        ("algo", str, knob("branch_bc", "the algorithm after SFT: " + " | ".join(algorithm_names()))),
+        ("env_id", str, knob("turngym/TextWorld-easy-v0", "environment to train on (pkg.module:ns/Name-v0 imports "
+                                                         "pkg.module first, which registers it)")),
+        ("env_kwargs", dict, knob({"tool_format": "xml"}, "env constructor overrides, for training and evaluation")),
+        ("train_split", str, knob("train", "split the trainers play ('' for an env without splits)")),
+        ("train_env_kwargs", dict, knob({}, "env constructor overrides for the training split only, over env_kwargs: "
+                                            "e.g. {num_games: 512} gives RL more tasks than the walkthroughs come from "
+                                            "(with sft.demo_pool at the old count)")),
+        ("output_dir", str, knob("runs/quickstart", "checkpoints, metrics, plots, summary.json")),
+        ("seed", int, knob(0, "the run's seed: every section's seed (demonstration draw, SFT order, RL sampling) "
+                              "unless the section sets its own, and the evaluations'")),
+        ("threads", int, knob(0, "torch CPU threads (0 = torch's default)")),
+    ]
+    parts = [(s.name, s.config, knob(s.default, s.help)) for s in sections()]
+    return dataclasses.make_dataclass("TrainConfig", own + parts, bases=(_TrainConfigBase,), namespace={"__module__": __name__})
+
+
+TrainConfig = _train_config_class()
+
+
+def rl_section(cfg: Any) -> tuple[str, Any]:
     """The config section that ``cfg.algo`` trains with (the registry says which), and its config:
     e.g. ``("branch", cfg.branch)`` or ``("pg", cfg.pg)``."""
     section = get_algorithm(cfg.algo).section
@@ -187,7 +165,7 @@ def _with_split(env_kwargs: dict, split: str) -> dict:
     return {**env_kwargs, "split": split} if split else dict(env_kwargs)
 
 
-def train_env_kwargs(cfg: TrainConfig) -> dict:
+def train_env_kwargs(cfg: Any) -> dict:
     """The env kwargs of the tasks the SFT and RL stages train on: env_kwargs, then train_env_kwargs."""
     return _with_split({**cfg.env_kwargs, **cfg.train_env_kwargs}, cfg.train_split)
 
@@ -210,7 +188,7 @@ def save_final_model(policy: Any, path: Path, state_dict: dict | None = None) ->
 
 
 # ----- checks before any CPU is spent ---------------------------------------------------------------
-def preflight(cfg: TrainConfig, warn: bool = True) -> SplitCheck:
+def preflight(cfg: Any, warn: bool = True) -> SplitCheck:
     """Check what can fail late before training starts: the env id, its constructor kwargs, the
     split sizes against ``eval.episodes``, an oracle for SFT, and that the held-out tasks are not
     training tasks (``turngym.bench.heldout``). The knobs' own values are checked as the config is
@@ -248,7 +226,7 @@ def preflight(cfg: TrainConfig, warn: bool = True) -> SplitCheck:
     return check
 
 
-def _refuse_overlap(cfg: TrainConfig, check: SplitCheck, warn: bool) -> None:
+def _refuse_overlap(cfg: Any, check: SplitCheck, warn: bool) -> None:
     """A held-out claim on training tasks: refused when ids are shared (unless
     ``eval.allow_train_overlap``), a loud warning when only the content is."""
     if check.clean:
@@ -263,7 +241,7 @@ def _refuse_overlap(cfg: TrainConfig, check: SplitCheck, warn: bool) -> None:
               "lists them; a gain measured on these tasks is not a held-out result.", file=sys.stderr, flush=True)
 
 
-def evaluate_policy(policy: Any, cfg: TrainConfig, tag: str, collector: Collector | None = None) -> dict:
+def evaluate_policy(policy: Any, cfg: Any, tag: str, collector: Collector | None = None) -> dict:
     policy.invalidate_caches()
     res = evaluate(cfg.env_id, policy, agent_name=f"{cfg.model}@{tag}", episodes=cfg.eval.episodes,
                    seed=10_000 + cfg.seed, env_kwargs=_with_split(cfg.env_kwargs, cfg.eval.split),
@@ -301,16 +279,129 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None, *,
-        evaluator: Callable[[Any, TrainConfig, str], dict] | None = None,
+class Pipeline:
+    """A run in progress: what every stage sees (``trainers.stages.PipelineRun``)."""
+
+    def __init__(self, cfg: Any, progress: bool, ctx: DistContext, evaluator: Callable | None,
+                 on_iteration: Callable | None) -> None:
+        self.cfg, self.progress, self.ctx, self.on_iteration = cfg, progress, ctx, on_iteration
+        self.main = ctx.is_main
+        self.out = Path(cfg.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.stages = _Stages(self.out, write=self.main)
+        self.train_kwargs = train_env_kwargs(cfg)
+        with CLOCK.stage("load"):
+            self.policy = load_policy(cfg.model)
+        if ctx.enabled and ctx.device != self.policy.device:  # each rank on its own GPU
+            self.policy.model.to(ctx.device)
+            self.policy.device = ctx.device
+        # decided once, so the trainer and the evaluations agree on the engine: one Collector for the
+        # run keeps envs open from one evaluation (and collection) to the next, and with vLLM one
+        # engine generates the trainer's collection and every evaluation
+        rl = cfg.rl_section()
+        engine, vllm = "hf", {}
+        if hasattr(rl, "rollout_engine"):
+            rl = resolve_rollout_engine(rl, ctx.enabled)
+            engine, vllm = rl.rollout_engine, rl.vllm
+        self.rl_cfg = rl
+        self.collector = Collector(self.policy, engine=engine, vllm=vllm, workers=getattr(rl, "env_workers", "local"),
+                                   ctx=ctx)
+        self.evaluator = evaluator or functools.partial(evaluate_policy, collector=self.collector)
+        self.trainer = None
+
+    def say(self, line: str) -> None:
+        if self.progress and self.main:
+            print(line, flush=True)
+
+    def held_out(self, tag: str, act: Callable[[Any], Any] | None = None) -> None:
+        """Evaluate on rank 0 (the others wait) and record stage ``eval_<tag>``, with the engine that
+        generates (the policy, or the vLLM engine synced with it), or ``act(engine)`` wrapping it;
+        the wrapper's ``stats`` join the record."""
+        if self.main:
+            with CLOCK.stage(f"eval_{tag}"):
+                policy_now = self.collector.generator() if act is None else act(self.collector.generator())
+                record = self.evaluator(policy_now, self.cfg, tag)
+                if act is not None:
+                    record.update({f"acting/{k}": v for k, v in policy_now.stats.items()})
+                self.stages.finish(f"eval_{tag}", record)
+        self.ctx.barrier()
+        self.stages.reload()
+        self.say(_line(tag, self.stages.data[f"eval_{tag}"]))
+
+
+# ----- the pipeline's own stages (others register from their modules) ---------------------------
+def _zero_shot(p: Pipeline) -> None:
+    if p.cfg.eval.zero_shot and not p.stages.done("eval_zero_shot"):
+        p.held_out("zero_shot")
+
+
+def _sft(p: Pipeline) -> None:
+    """SFT on the oracle's demonstrations (its weights kept for a resumed run), then its evaluation."""
+    cfg, weights = p.cfg, p.out / "sft_model.pt"
+    if not cfg.sft.enabled:
+        return
+    if not p.stages.done("sft"):
+        with CLOCK.stage("sft"):
+            result = sft(p.policy, cfg.env_id, cfg.sft, env_kwargs=p.train_kwargs, progress=p.progress and p.main,
+                         collector=p.collector)
+        if p.main:
+            tmp = weights.with_name(weights.name + ".tmp")
+            torch.save(p.policy.model.state_dict(), tmp)
+            os.replace(tmp, weights)
+            p.stages.finish("sft", result)
+        p.ctx.barrier()
+    else:
+        p.policy.model.load_state_dict(torch.load(weights, map_location=p.ctx.device))
+        p.policy.invalidate_caches()
+    if not p.stages.done("eval_sft"):
+        p.held_out("sft")
+
+
+def _rl(p: Pipeline) -> None:
+    """The RL algorithm (``algo``) from its own checkpoint; after a finished run (a kill came after
+    it) it only reloads the trained weights, for the final model and the stages after it."""
+    cfg, rl = p.cfg, p.rl_cfg
+    if rl.iterations <= 0 or p.stages.done("eval_final"):
+        return
+    trainer = cfg.rl_trainer()(p.policy, cfg.env_id, rl, env_kwargs=p.train_kwargs, out_dir=p.out / cfg.algo,
+                               ctx=p.ctx, collector=p.collector, demos=cfg.sft.demo_choice())
+    logger = None
+    if p.main:
+        logger = MetricsLogger(p.out / cfg.algo, config=asdict(cfg), resume=has_checkpoint(p.out / cfg.algo / "checkpoint"))
+    with CLOCK.stage(cfg.algo):
+        trainer.train(logger=logger, progress=p.progress, on_iteration=p.on_iteration)
+    if logger is not None:
+        logger.close()
+        p.stages.finish("rl", {"iterations": trainer.iteration, "env_steps": trainer.env_steps,
+                               "env_episodes": trainer.env_episodes, "train_seconds": trainer.train_seconds})
+    full = model_state_dict(p.policy.model) if is_sharded(p.policy.model) else None  # every rank gathers
+    if p.main:
+        save_final_model(p.policy, p.out / "final_model", full)
+    p.trainer = trainer
+
+
+def _final(p: Pipeline) -> None:
+    if p.rl_cfg.iterations > 0 and not p.stages.done("eval_final"):
+        with full_params(p.policy.model):  # rank 0 evaluates a sharded model alone: no collectives in its forwards
+            p.held_out("final")
+
+
+register_stage(Stage("zero_shot", 10, _zero_shot, "held-out success of the untrained policy (eval.zero_shot)"))
+register_stage(Stage("sft", 20, _sft, "SFT warm start, then its held-out evaluation"))
+register_stage(Stage("rl", 50, _rl, "the RL algorithm (algo)"))
+register_stage(Stage("final", 60, _final, "held-out success after the RL stage"))
+
+
+def run(cfg: Any, progress: bool = True, ctx: DistContext | None = None, *,
+        evaluator: Callable[[Any, Any, str], dict] | None = None,
         on_iteration: Callable[[Any, dict], None] | None = None) -> dict:
-    """Run (or resume) the whole path; returns ``summary.json``'s content.
+    """Run (or resume) every registered stage; returns ``summary.json``'s content.
 
     Under ``torchrun`` / ``accelerate launch`` (``ctx`` from ``DistContext.from_env()``) the RL stage
     is data-parallel; SFT runs identically on every rank and rank 0 alone evaluates and writes.
 
     Args:
-        cfg: The pipeline's config.
+        cfg: The pipeline's config (a ``TrainConfig``).
         progress: Progress bars and a line per stage.
         ctx: The data-parallel context (default: from the environment).
         evaluator: ``evaluator(policy, cfg, tag)`` returns a stage's held-out record, with at least
@@ -322,166 +413,52 @@ def run(cfg: TrainConfig, progress: bool = True, ctx: DistContext | None = None,
         it went (``time_breakdown``: ``clock.Clock.breakdown``).
     """
     with quiet(not progress):  # bars deep inside (game generation, evaluations) follow --quiet too
-        return _run(cfg, progress, ctx, evaluator, on_iteration)
+        CLOCK.reset()
+        ctx = ctx or DistContext.from_env()
+        cfg = replace(cfg, env_id=resolve_env_id(cfg.env_id)).with_seeds()  # pkg.module:ns/... imports pkg.module
+        check = preflight(cfg, warn=ctx.is_main)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        t0 = time.perf_counter()
+        p = Pipeline(cfg, progress, ctx, evaluator, on_iteration)
+        if p.main:
+            (p.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+        try:
+            for stage in stages():
+                stage.run(p)
+        finally:
+            p.collector.close()
+        return _summary(p, check, time.perf_counter() - t0)
 
 
-def _run(cfg: TrainConfig, progress: bool, ctx: DistContext | None, evaluator: Callable | None,
-         on_iteration: Callable | None) -> dict:
-    CLOCK.reset()
-    ctx = ctx or DistContext.from_env()
-    main = ctx.is_main
-    cfg = replace(cfg, env_id=resolve_env_id(cfg.env_id))  # pkg.module:ns/Name-v0 imports pkg.module
-    check = preflight(cfg, warn=main)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if main:
-        (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
-    stages = _Stages(out, write=main)
-    t0 = time.perf_counter()
-    with CLOCK.stage("load"):
-        policy = load_policy(cfg.model)
-    if ctx.enabled and ctx.device != policy.device:  # each rank on its own GPU
-        policy.model.to(ctx.device)
-        policy.device = ctx.device
-    say = print if progress and main else (lambda *a, **k: None)
-    train_kwargs = train_env_kwargs(cfg)
-
-    # auto decided once, so the trainer and the evaluations agree on the engine
-    rl_cfg = rl_section(cfg)[1]
-    engine, vllm = "hf", {}
-    if hasattr(rl_cfg, "rollout_engine"):  # the online trainers and branch BC may generate with vLLM
-        rl_cfg = resolve_rollout_engine(rl_cfg, ctx.enabled)
-        engine, vllm = rl_cfg.rollout_engine, rl_cfg.vllm
-    # one Collector for the run: envs stay open from one evaluation (and collection) to the next, and
-    # with rollout_engine=vllm one engine generates the trainer's collection and every evaluation
-    collector = Collector(policy, engine=engine, vllm=vllm, workers=rl_cfg.env_workers, ctx=ctx)
-    evaluator = evaluator or functools.partial(evaluate_policy, collector=collector)
-
-    def held_out(tag: str, act: Callable[[Any], Any] | None = None) -> None:
-        """Evaluate on rank 0 (the others wait) and record the stage, with the engine that generates
-        (the policy itself, or the vLLM engine synced with its current weights), or ``act(engine)``
-        wrapping it; the wrapper's ``stats`` join the stage's record."""
-        if main:
-            with CLOCK.stage(f"eval_{tag}"):
-                policy_now = collector.generator() if act is None else act(collector.generator())
-                record = evaluator(policy_now, cfg, tag)
-                if act is not None:
-                    record.update({f"acting/{k}": v for k, v in policy_now.stats.items()})
-                stages.finish(f"eval_{tag}", record)
-        ctx.barrier()
-        stages.reload()
-
-    if cfg.eval.zero_shot and not stages.done("eval_zero_shot"):
-        held_out("zero_shot")
-        say(_line("zero-shot", stages.data["eval_zero_shot"]))
-
-    sft_weights = out / "sft_model.pt"
-    if cfg.sft.enabled:
-        if not stages.done("sft"):
-            with CLOCK.stage("sft"):
-                result = sft(policy, cfg.env_id, cfg.sft, env_kwargs=train_kwargs, progress=progress and main,
-                             collector=collector)
-            if main:
-                tmp = sft_weights.with_name(sft_weights.name + ".tmp")
-                torch.save(policy.model.state_dict(), tmp)
-                os.replace(tmp, sft_weights)
-                stages.finish("sft", result)
-            ctx.barrier()
-        else:
-            policy.model.load_state_dict(torch.load(sft_weights, map_location=ctx.device))
-            policy.invalidate_caches()
-        if not stages.done("eval_sft"):
-            held_out("sft")
-            say(_line("after SFT", stages.data["eval_sft"]))
-
-    if rl_cfg.iterations > 0 and not stages.done("eval_final"):
-        # The trainer resumes from its checkpoint; after a finished run (a kill came after the RL
-        # stage) it only reloads the trained weights, for the final model and evaluation.
-        trainer_cls = get_algorithm(cfg.algo).trainer
-        trainer = trainer_cls(policy, cfg.env_id, rl_cfg, env_kwargs=train_kwargs, out_dir=out / cfg.algo, ctx=ctx,
-                              collector=collector)
-        logger = None
-        if main:
-            logger = MetricsLogger(out / cfg.algo, config=asdict(cfg), resume=has_checkpoint(out / cfg.algo / "checkpoint"))
-        with CLOCK.stage(cfg.algo):
-            trainer.train(logger=logger, progress=progress, on_iteration=on_iteration)
-        if logger is not None:
-            logger.close()
-            stages.finish("rl", {"iterations": trainer.iteration, "env_steps": trainer.env_steps,
-                                 "train_seconds": trainer.train_seconds})
-        sharded = is_sharded(policy.model)
-        full = model_state_dict(policy.model) if sharded else None  # gathering: every rank takes part
-        if main:
-            save_final_model(policy, out / "final_model", full)
-        with full_params(policy.model):  # rank 0 evaluates a sharded model alone: no collectives in its forwards
-            own_critic = cfg.eval.critic_guided and not cfg.hierarchy.tasks  # ArCHer acting with its own critic
-            if own_critic and not stages.done("eval_final_critic"):  # before final: a rerun redoes both
-                held_out("final_critic", lambda engine: _acting(cfg, engine, trainer.reply_values))
-            held_out("final")
-    if cfg.hierarchy.tasks and rl_cfg.iterations > 0 and not stages.done("eval_final_critic"):
-        _hierarchy_stage(cfg, rl_cfg, policy, stages, collector, held_out, say, progress and main)
-    if rl_cfg.iterations > 0:
-        say(_line(f"after {cfg.algo}", stages.data["eval_final"]))
-        if "eval_final_critic" in stages.data:
-            say(_line(f"after {cfg.algo}, acting with its critic", stages.data["eval_final_critic"]))
-
-    collector.close()
+def _summary(p: Pipeline, check: SplitCheck, wall_s: float) -> dict:
+    cfg, data = p.cfg, p.stages.data
     summary = {
         "env_id": cfg.env_id, "model": cfg.model, "algo": cfg.algo, "held_out_split": cfg.eval.split,
         "held_out_episodes": cfg.eval.episodes,
-        "success": {k.removeprefix("eval_"): v["success"] for k, v in stages.data.items() if k.startswith("eval_")},
-        "held_out": held_out_table(stages.data),
-        "held_out_check": check.to_dict(),
-        "wall_s_this_run": time.perf_counter() - t0,
+        "success": {k.removeprefix("eval_"): v["success"] for k, v in data.items() if k.startswith("eval_")},
+        "held_out": held_out_table(data), "held_out_check": check.to_dict(), "wall_s_this_run": wall_s,
         "time_breakdown": CLOCK.breakdown(),
     }
-    say("[time, s] where this run's wall-clock went:\n" + breakdown_table(summary["time_breakdown"]))
+    p.say("[time, s] where this run's wall-clock went:\n" + breakdown_table(summary["time_breakdown"]))
     if "vs_sft" in summary["held_out"].get("final", {}):
         d = summary["held_out"]["final"]["vs_sft"]
-        say(f"[paired, final - SFT] {d['diff']:+.1%} (95% CI {d['ci95'][0]:+.1%} to {d['ci95'][1]:+.1%}, n={d['n']} games)"
-            + ("" if check.clean else f"  NOT HELD OUT: {describe_overlap(check)}"))
-    if main:
-        _write_json(out / "summary.json", summary)
-        plot_stages(summary["held_out"], out / "stages.png", f"{cfg.env_id}: held-out success per stage", cfg.algo)
+        p.say(f"[paired, final - SFT] {d['diff']:+.1%} (95% CI {d['ci95'][0]:+.1%} to {d['ci95'][1]:+.1%}, n={d['n']} games)"
+              + ("" if check.clean else f"  NOT HELD OUT: {describe_overlap(check)}"))
+    if p.main:
+        _write_json(p.out / "summary.json", summary)
+        plot_stages(summary["held_out"], p.out / "stages.png", f"{cfg.env_id}: held-out success per stage", cfg.algo)
     return summary
 
 
-def _hierarchy_stage(cfg: TrainConfig, rl_cfg: Any, policy: Any, stages: _Stages, collector: Collector,
-                     held_out: Callable, say: Callable, progress: bool) -> None:
-    """The critic of the trained actor (``trainers.hierarchy``), then the held-out evaluation of the
-    actor acting with it (stage ``final_critic``); below the gate the actor acts alone."""
-    out = Path(cfg.output_dir)
-    actor = trained_actor(out / cfg.algo)
-    if not stages.done("hierarchy"):
-        say(f"[hierarchy] fitting the critic of the trained actor on {cfg.hierarchy.tasks} training tasks")
-    policy.model.load_state_dict(actor.pop("model"))  # the RL stage's final weights (a rerun starts from SFT's)
-    policy.invalidate_caches()
-    with CLOCK.stage("hierarchy"):
-        critic, record = fit_critic(policy, cfg.env_id, cfg.hierarchy, rl_cfg, trained_on=actor["screened"],
-                                    env_kwargs=train_env_kwargs(cfg), out_dir=out / "hierarchy",
-                                    collector=collector, progress=progress)
-    if stages.done("hierarchy"):  # the critic was reloaded: the record made when it was fitted stands
-        record = stages.data["hierarchy"]
-    stages.finish("hierarchy", record)
-    if record["gate_open"]:
-        held_out("final_critic", lambda engine: _acting(cfg, engine, critic.reply_values))
-    else:
-        say(f"[hierarchy] the critic's sibling AUC {record.get('sibling_auc_xfit')} is below the gate "
-            f"{cfg.hierarchy.gate}: the actor acts alone")
-        stages.finish("eval_final_critic", {**stages.data["eval_final"], "acting/gate_open": 0.0})
-
-
-def _acting(cfg: TrainConfig, engine: Any, values: Callable) -> CriticGuidedPolicy:
-    """The trained actor (``engine`` generates with it) acting with a critic's ``values``."""
-    return CriticGuidedPolicy(engine, values, cfg.eval.critic_guided, cfg.eval.critic_margin, cfg.eval.critic_prior)
+_TAGS = {"zero_shot": "zero-shot", "sft": "after SFT", "final": "after RL", "final_critic": "after RL, acting with its critic"}
 
 
 def _line(tag: str, s: dict) -> str:
     lo, hi = s["success_ci95"]
-    return f"[{tag}] held-out success {s['success']:.1%} (95% CI {lo:.1%}-{hi:.1%}), invalid actions {s['invalid_action_rate']:.1%}"
+    return (f"[{_TAGS.get(tag, tag)}] held-out success {s['success']:.1%} (95% CI {lo:.1%}-{hi:.1%}), "
+            f"invalid actions {s['invalid_action_rate']:.1%}")
 
 
 # ----- the command line: turngym train ---------------------------------------------------------

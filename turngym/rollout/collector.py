@@ -85,6 +85,7 @@ def rollout_metrics(trajs: list[Trajectory], dt: float) -> dict[str, float]:
         "rollout/turns": turns / len(trajs),
         "rollout/invalid_rate": invalid / max(turns, 1),
         "rollout/env_steps": turns,
+        "rollout/episodes": len(trajs),
         "rollout/tokens_per_s": tokens / dt if dt > 0 else 0.0,
         "rollout/seconds": dt,
     }
@@ -179,7 +180,7 @@ class Collector:
         t0 = time.perf_counter()
         trajs = self.play(env, specs, sampling, num_envs=num_envs, policy=policy, progress=progress)
         metrics = rollout_metrics(trajs, time.perf_counter() - t0)
-        metrics = ctx.all_reduce_metrics(metrics, weight=len(trajs), sum_keys=("rollout/env_steps", "rollout/tokens_per_s"))
+        metrics = ctx.all_reduce_metrics(metrics, weight=len(trajs), sum_keys=("rollout/env_steps", "rollout/episodes", "rollout/tokens_per_s"))
         if self.engine is not None:
             metrics["rollout/sync_seconds"] = self.engine.sync_seconds[-1] if synced else 0.0
         return trajs, metrics

@@ -1,15 +1,17 @@
-"""Learning: one file per algorithm (its config, its loss, its update), registered by name.
+"""Learning: one file (or package) per algorithm (its config, its loss, its update), registered by name.
 
-Importing the package registers every algorithm (``registry.algorithm_names()``), in this order:
-branch BC (``branch_bc.py``), ArCHer (``archer.py``) and the critic-free family (``pg.py`` with
-``grpo.py``, ``gigpo.py``, ``rloo.py``, ``reinforce.py``, ``filtered_bc.py``). SFT (``sft.py``) is
-the warm start before them; it shares its likelihood update (``likelihood.py``) with branch BC.
+Importing the package registers every algorithm (``registry.algorithm_names()``), its config section
+and any pipeline stage (``stages``), in this order: SFT (``sft.py``, the warm start), branch BC
+(``branch_bc.py``), ArCHer (``archer/``: the paper in ``core.py``, its variants as plug-ins) and the
+critic-free family (``pg.py`` with ``grpo.py``, ``gigpo.py``, ``rloo.py``, ``reinforce.py``,
+``filtered_bc.py``). SFT and branch BC share their likelihood update (``likelihood.py``).
 """
 
-from turngym.trainers import branch_bc  # noqa: F401  (each algorithm module registers itself)
-from turngym.trainers import archer  # noqa: F401,I001
-from turngym.trainers import grpo  # noqa: F401,I001
-from turngym.trainers import gigpo  # noqa: F401,I001
-from turngym.trainers import rloo  # noqa: F401,I001
-from turngym.trainers import reinforce  # noqa: F401,I001
-from turngym.trainers import filtered_bc  # noqa: F401,I001
+import importlib
+import pkgutil
+
+from turngym.trainers import sft  # noqa: F401  (its section comes first)
+
+# every module and package of this folder registers what it holds: a new algorithm is one new file
+for _info in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_info.name}")

@@ -35,7 +35,7 @@ import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.clock import CLOCK, bar
-from turngym.config import knob
+from turngym.config import knob, refuse_unless, seed_of
 from turngym.rewards.format import action_status
 from turngym.rollout import Collector, EnvTarget, EpisodeSpec
 from turngym.rollout.branching import BRANCH_BY, BRANCH_PICK
@@ -46,6 +46,7 @@ from turngym.trainers.distributed import DistContext, load_model_state_dict, mod
 from turngym.trainers.likelihood import likelihood_step, optimizer_steps
 from turngym.trainers.loop import IterativeTrainer
 from turngym.trainers.trainer import resolve_rollout_engine
+from turngym.trainers.stages import Section, register_section
 from turngym.trainers.registry import Algorithm, register_algorithm
 from turngym.trainers.sequences import frozen_prefix, pack_batch
 from turngym.types import Trajectory
@@ -78,10 +79,8 @@ class BranchBCConfig:
     clone_greedy: bool = knob(False, "remember the screen's greedy successes too (else only what the search found)")
     memory: bool = knob(True, "keep each task's best success across iterations and clone all of them every "
                               "iteration (False: only this iteration's)")
-    expert_replay: int = knob(0, "the oracle's episodes on the first N training tasks (the SFT stage's data) join "
-                                 "every update; 0 = off")
-    demo_seed: int = knob(-1, "expert_replay's demonstrations: the SFT stage's choice of training tasks (sft.demo_seed)")
-    demo_pool: int = knob(0, "expert_replay's demonstrations: the SFT stage's task pool (sft.demo_pool)")
+    expert_replay: int = knob(0, "the oracle's episodes on N training tasks, chosen as the SFT stage chose its own, "
+                                 "join every update; 0 = off")
     actor_lr: float = knob(2e-5, "learning rate of the clone update (AdamW)")
     actor_warmup_steps: int = knob(0, "optimizer steps over which the learning rate ramps linearly up to actor_lr")
     actor_epochs: int = knob(1, "passes over the remembered episodes per iteration")
@@ -93,7 +92,7 @@ class BranchBCConfig:
     lora_r: int = knob(16, "LoRA rank when trainable=lora")
     lora_alpha: int = knob(32, "LoRA alpha when trainable=lora")
     autocast: str = knob("auto", "auto | bf16 | none: mixed precision for the training forwards (see OnlineConfig)")
-    seed: int = knob(0, "seeds the screen's task order and the minibatches")
+    seed: int | None = knob(None, "seeds the screen's task order and the minibatches (None: the run's seed, else 0)")
     checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
     time_budget_s: float = knob(0.0, "stop after the iteration whose training seconds reach this; 0 = no limit")
 
@@ -120,6 +119,9 @@ class BranchBCConfig:
             raise ValueError(f"rollout_engine must be hf, vllm or auto, got {self.rollout_engine!r}")
         if self.rollout_engine == "vllm" and self.trainable == "lora":
             raise ValueError("rollout_engine=vllm syncs full weights; with trainable=lora use rollout_engine=hf")
+        for name in ("lora_r", "lora_alpha"):
+            refuse_unless(self, name, self.trainable == "lora", "with trainable=lora")
+        refuse_unless(self, "vllm", self.rollout_engine != "hf", "with rollout_engine=vllm or auto")
 
 
 def better(a: Trajectory | None, b: Trajectory) -> bool:
@@ -137,6 +139,7 @@ class BranchBCTrainer(IterativeTrainer):
         cfg: The knobs.
         ctx: Must be a single process (the search replays episodes with the policy itself).
         collector: Plays the screens and the search (default: its own, closed at the end).
+        demos: The SFT stage's choice of demonstrations (``SFTConfig.demo_choice``) for ``expert_replay``.
 
     Raises:
         ValueError: under a multi-process context.
@@ -146,9 +149,10 @@ class BranchBCTrainer(IterativeTrainer):
 
     def __init__(self, policy: Any, env_id: str, cfg: BranchBCConfig | None = None, *,
                  env_kwargs: dict | None = None, out_dir: str | Path = "runs/branch_bc", ctx: DistContext | None = None,
-                 collector: Collector | None = None) -> None:
+                 collector: Collector | None = None, demos: dict | None = None) -> None:
         cfg = cfg or BranchBCConfig()
         self._init_loop(policy, env_id, cfg, out_dir, ctx)
+        self.seed, self.demos = seed_of(cfg), dict(demos or {})
         if self.ctx.enabled:
             raise ValueError("branch_bc runs in one process, not under torchrun")
         self.env_kwargs = dict(env_kwargs or {})
@@ -161,21 +165,22 @@ class BranchBCTrainer(IterativeTrainer):
 
     def setup(self) -> None:
         cfg = self.cfg
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(self.seed)
         self.ref = frozen_copy(self.policy.model) if cfg.kl_coef > 0 else None  # the KL guard's anchor
         self.policy.model = self.model = prepare_trainable(self.policy.model, cfg.trainable, cfg.lora_r, cfg.lora_alpha)
         if hasattr(self.policy, "generation_dtype"):  # sample in the update's precision
             bf16 = use_bf16(cfg.autocast, next(self.model.parameters()).device.type)
             self.policy.generation_dtype = torch.bfloat16 if bf16 else None
         self.actor_opt = actor_optimizer(self.model, cfg.actor_lr)
-        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.gen = torch.Generator().manual_seed(self.seed)
         if self.collector is None:
             engine = resolve_rollout_engine(cfg).rollout_engine
             self.collector = Collector(self.policy, engine=engine, vllm=cfg.vllm, workers=cfg.env_workers)
         self.task_ids = list(self.env.info.task_ids)
         if cfg.expert_replay:
-            self.experts = self.collector.demonstrations(self.env, cfg.expert_replay, cfg.seed, cfg.demo_seed,
-                                                        pool=cfg.demo_pool)
+            d = self.demos
+            self.experts = self.collector.demonstrations(self.env, cfg.expert_replay, d.get("seed", self.seed),
+                                                        d.get("demo_seed", -1), pool=d.get("pool", 0))
         self._ready = True
 
     def pick_tasks(self) -> list[str]:
@@ -183,16 +188,16 @@ class BranchBCTrainer(IterativeTrainer):
         failed or never tried), then the ones screened longest ago; ties in a seeded order that
         changes every iteration."""
         solved = {t for t in self.task_ids if t in self.memory or self.greedy_outcomes.get(t, False)}
-        return screen_order(self.task_ids, solved, self.screened, self.cfg.seed, self.iteration, self.cfg.episodes_per_iter)
+        return screen_order(self.task_ids, solved, self.screened, self.seed, self.iteration, self.cfg.episodes_per_iter)
 
     def step(self) -> dict[str, float]:
         """One iteration: screen, search, remember, clone. Returns its metrics."""
         cfg = self.cfg
         # 1. screen: one greedy episode per task (reset seeds fixed per task, so a replay is exact); a
         # failed one keeps its KV cache, from which the search scores its turns without prefilling them
-        specs = [EpisodeSpec(t, run_seed(cfg.seed, self.task_ids.index(t)), greedy=True, keep_cache=True)
+        specs = [EpisodeSpec(t, run_seed(self.seed, self.task_ids.index(t)), greedy=True, keep_cache=True)
                  for t in self.pick_tasks()]
-        greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=run_seed(cfg.seed, self.iteration))
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=cfg.max_new_tokens, seed=run_seed(self.seed, self.iteration))
         with CLOCK.stage("screen"):
             roots, metrics = self.collector.collect(self.env, specs, greedy, num_envs=cfg.num_envs, version=self.iteration,
                                                     progress=self.progress and "screen")
@@ -212,6 +217,7 @@ class BranchBCTrainer(IterativeTrainer):
                         "search/failed_tasks": float(len(failed)), "search/solved_tasks": float(len(solved)),
                         "search/solved_rate": len(solved) / max(1, len(failed))})
         metrics["rollout/env_steps"] += sum(len(t.turns) for t in found)  # replayed turns step the env too
+        metrics["rollout/episodes"] = metrics.get("rollout/episodes", 0) + len(found)
         # 3. remember each task's best success
         if not cfg.memory:
             self.memory = {}
@@ -294,3 +300,14 @@ class BranchBCTrainer(IterativeTrainer):
 
 register_algorithm(Algorithm("branch_bc", section="branch", config=BranchBCConfig, trainer=BranchBCTrainer,
                              help="branch search from greedy failures, clone what wins (the default)"))
+
+
+def _quickstart() -> BranchBCConfig:
+    # the quickstart's round (configs/quickstart.yaml says why each number): screen 64 games, runner-ups at
+    # 2 points, 3 wide, 2 deep; clones fitted like the demonstrations (lr 3e-4, 8 passes); xml calls ~8 tokens
+    return BranchBCConfig(iterations=1, episodes_per_iter=64, num_envs=64, max_state_visits=3, max_new_tokens=16,
+                          trainable="top:8", actor_lr=3e-4, actor_epochs=8, minibatch_size=4, micro_batch_size=4,
+                          branch_points=2, branch_width=3, branch_depth=2, expert_replay=8)
+
+
+register_section(Section("branch", BranchBCConfig, _quickstart, "branch-search BC (algo=branch_bc)"))

@@ -36,6 +36,7 @@ class IterativeTrainer:
         self.ckpt_dir = self.out_dir / "checkpoint"
         self.iteration = 0
         self.env_steps = 0
+        self.env_episodes = 0  # episodes played in the env (a search's branches each count): the sample budget
         self.train_seconds = 0.0  # wall-clock spent in iterations and checkpoints, not in on_iteration
         self._ready = False
         self.progress = False  # whether step() shows bars for its phases (train() sets it)
@@ -66,7 +67,8 @@ class IterativeTrainer:
         """Advance the counters after an iteration and add them to its metrics."""
         self.iteration += 1
         self.env_steps += int(metrics["rollout/env_steps"])  # already summed over ranks
-        metrics["env_steps"] = self.env_steps
+        self.env_episodes += int(metrics.get("rollout/episodes", 0))
+        metrics["env_steps"], metrics["env_episodes"] = self.env_steps, self.env_episodes
         return metrics
 
     def done(self) -> bool:
@@ -141,6 +143,7 @@ class IterativeTrainer:
         state = self._state()  # every rank: gathering a sharded model is collective
         if self.ctx.is_main:
             save_checkpoint(path, {**state, "iteration": self.iteration, "env_steps": self.env_steps,
+                                   "env_episodes": self.env_episodes,
                                    "train_seconds": self.train_seconds, "config": asdict(self.cfg)})
         self.ctx.barrier()
         return path
@@ -152,6 +155,7 @@ class IterativeTrainer:
         st = load_checkpoint(path)
         self._load_state(st)
         self.iteration, self.env_steps = st["iteration"], st["env_steps"]
+        self.env_episodes = int(st.get("env_episodes", 0))
         self.train_seconds = float(st.get("train_seconds", 0.0))
         self.policy.invalidate_caches()
         return True

@@ -26,11 +26,12 @@ from typing import Any, Protocol
 
 import torch
 
-from turngym.config import knob
+from turngym.config import knob, refuse_unless
 from turngym.rewards import reward_stats
 from turngym.trainers import functional as Fn
 from turngym.trainers.actor import actor_update, advantage_stats, reference_pass
 from turngym.trainers.distributed import DistContext
+from turngym.trainers.stages import Section, register_section
 from turngym.trainers.registry import algorithm_names, get_algorithm
 from turngym.trainers.sequences import pack_batch
 from turngym.trainers.trainer import OnlineConfig, OnlineTrainer
@@ -93,6 +94,11 @@ class PGConfig(OnlineConfig):
         if self.expert_replay and self.loss != "nll":
             raise ValueError("expert_replay needs the NLL loss (algo=filtered_bc or pg_loss=nll): "
                              "expert tokens have no sampling log-probs for a PPO ratio")
+        # knobs only some algorithms or losses read: set elsewhere, they would change nothing
+        refuse_unless(self, "gamma", self.algo == "gigpo", "by gigpo (its step returns are discounted)")
+        for name in ("clip_coef", "old_logprobs"):
+            refuse_unless(self, name, self.loss == "ppo", "with the PPO loss (pg_loss=ppo, or auto for rloo, grpo, "
+                                                         "gigpo, reinforce)")
 
     @property
     def estimator(self) -> Estimator:
@@ -146,16 +152,17 @@ class PGTrainer(OnlineTrainer):
 
     def __init__(self, policy: Any, env_id: str, cfg: PGConfig | None = None, *,
                  env_kwargs: dict | None = None, out_dir: str | Path = "runs/pg", ctx: DistContext | None = None,
-                 collector: Any = None) -> None:
+                 collector: Any = None, demos: dict | None = None) -> None:
         super().__init__(policy, env_id, cfg or PGConfig(), env_kwargs=env_kwargs, out_dir=out_dir, ctx=ctx,
-                         collector=collector)
+                         collector=collector, demos=demos)
         self.name = self.cfg.algo
         self.experts: list[Trajectory] = []
 
     def _setup_extra(self) -> None:
         if self.cfg.expert_replay:
-            experts = self.collector.demonstrations(self.env, self.cfg.expert_replay, self.cfg.seed, self.cfg.demo_seed,
-                                                   pool=self.cfg.demo_pool)
+            d = self.demos
+            experts = self.collector.demonstrations(self.env, self.cfg.expert_replay, d.get("seed", self.seed),
+                                                   d.get("demo_seed", -1), pool=d.get("pool", 0))
             # each rank replays its share: gradients are averaged over ranks, so a full copy on every
             # rank would weigh the demonstrations world_size times against the clones
             self.experts = experts[self.ctx.rank :: self.ctx.world_size]
@@ -211,3 +218,15 @@ class PGTrainer(OnlineTrainer):
         kept = [i for i, k in enumerate(keep) if k]
         metrics["pg/episodes_trained"] = float(len(kept))
         return [trajs[i] for i in kept], [adv_turns[i] for i in kept]
+
+
+def _quickstart() -> PGConfig:
+    # online filtered BC for 7 minutes on the games greedy decoding fails, with a format penalty
+    return PGConfig(algo="filtered_bc", iterations=100, time_budget_s=420, group_size=8, episodes_per_iter=64,
+                    num_envs=64, minibatch_size=8, micro_batch_size=4, top_p=1.0, max_state_visits=3,
+                    max_new_tokens=16, trainable="top:8", actor_lr=1e-4, actor_epochs=2, actor_warmup_steps=2,
+                    task_sampling="greedy_failed", screen_every=3, expert_replay=8,
+                    reward=["env", {"name": "format", "unparseable": -0.1, "invalid": -0.1}])
+
+
+register_section(Section("pg", PGConfig, _quickstart, "critic-free trainers (algo=reinforce|rloo|grpo|gigpo|filtered_bc)"))

@@ -23,12 +23,13 @@ from typing import Any, Callable
 
 import torch
 
-from turngym.config import knob
+from turngym.config import knob, seed_of
 from turngym.rollout import Collector, EnvTarget
 from turngym.trainers.actor import actor_optimizer, autocast, prepare_trainable
 from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from turngym.trainers.likelihood import likelihood_step
 from turngym.trainers.logger import advance_bar, progress_bar
+from turngym.trainers.stages import Section, register_section
 from turngym.trainers.sequences import frozen_prefix, join_prefixes, pack_batch
 from turngym.types import Trajectory
 
@@ -45,9 +46,9 @@ class SFTConfig:
     max_grad_norm: float = knob(1.0, "gradient clipping")
     trainable: str = knob("all", "all | top:K | lora (adapters are merged back after SFT)")
     autocast: str = knob("auto", "auto | bf16 | none: mixed precision for the forwards (see OnlineConfig)")
-    seed: int = knob(0, "seeds the expert episodes and the data order")
-    demo_seed: int = knob(-1, "which training tasks the demonstrations come from: -1 = the first `episodes` tasks; "
-                              "k >= 0 = `episodes` tasks drawn with seed k (protocol seeds see different demonstrations)")
+    seed: int | None = knob(None, "seeds the expert episodes, their draw and the data order (None: the run's seed, else 0)")
+    demos: str = knob("first", "which training tasks the demonstrations come from: first (the first `episodes`) | "
+                               "drawn (`episodes` drawn with the seed: each protocol seed sees its own)")
     demo_pool: int = knob(0, "demonstrations come from the first N training tasks only (0 = all), so a training "
                              "split grown for RL (train_env_kwargs) keeps the walkthroughs it had at N tasks")
     time_budget_s: float = knob(0.0, "stop after the optimizer step whose training seconds (the update loop, "
@@ -60,6 +61,14 @@ class SFTConfig:
             raise ValueError(f"time_budget_s must be >= 0, got {self.time_budget_s}")
         if self.demo_pool < 0:
             raise ValueError(f"demo_pool must be >= 0 (0 = every training task), got {self.demo_pool}")
+        if self.demos not in ("first", "drawn"):
+            raise ValueError(f"demos must be first or drawn, got {self.demos!r}")
+
+    def demo_choice(self) -> dict:
+        """Which demonstrations this stage plays (``Collector.demonstrations``' arguments): the RL
+        stages that replay them (``expert_replay``) choose the same ones."""
+        seed = seed_of(self)
+        return {"seed": seed, "demo_seed": seed if self.demos == "drawn" else -1, "pool": self.demo_pool}
 
 
 def sft(policy: Any, env_id: str, cfg: SFTConfig | None = None, *, env_kwargs: dict | None = None,
@@ -105,12 +114,13 @@ def _expert_data(policy: Any, env_id: str, cfg: SFTConfig, env_kwargs: dict | No
                  collector: Collector | None) -> list[Trajectory]:
     """The oracle's episodes on the training tasks, recorded as the policy's tokens
     (``Collector.demonstrations``)."""
-    torch.manual_seed(cfg.seed)  # e.g. LoRA's initialisation: a resumed pipeline must redo SFT identically
+    torch.manual_seed(seed_of(cfg))  # e.g. LoRA's initialisation: a resumed pipeline must redo SFT identically
     env = EnvTarget(env_id, dict(env_kwargs or {}))
+    d = cfg.demo_choice()
     if collector is not None:
-        return collector.demonstrations(env, cfg.episodes, cfg.seed, cfg.demo_seed, pool=cfg.demo_pool)
+        return collector.demonstrations(env, cfg.episodes, d["seed"], d["demo_seed"], pool=d["pool"])
     with Collector(policy) as own:
-        return own.demonstrations(env, cfg.episodes, cfg.seed, cfg.demo_seed, pool=cfg.demo_pool)
+        return own.demonstrations(env, cfg.episodes, d["seed"], d["demo_seed"], pool=d["pool"])
 
 
 def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progress: bool,
@@ -120,7 +130,7 @@ def _fit(policy: Any, data: list[Trajectory], cfg: SFTConfig, logger: Any, progr
     it starts from the saved place if there is one and saves as it goes."""
     model = policy.model
     opt = actor_optimizer(model, cfg.lr)
-    rng = random.Random(cfg.seed)
+    rng = random.Random(seed_of(cfg))
     at = _Place()
     if saver is not None and saver.exists():
         at = saver.restore(model, opt, rng)
@@ -234,3 +244,11 @@ def save_policy_model(policy: Any, path: str | Path) -> Path:
     model.save_pretrained(path)
     policy.tokenizer.save_pretrained(path)
     return path
+
+
+def _quickstart() -> SFTConfig:
+    # 8 walkthroughs to their plateau (8 epochs); the top 8 of SmolLM2's 30 blocks train
+    return SFTConfig(episodes=8, epochs=8, lr=3e-4, batch_size=4, trainable="top:8")
+
+
+register_section(Section("sft", SFTConfig, _quickstart, "SFT warm start"))

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from turngym.agents.base import SamplingParams
-from turngym.config import knob
+from turngym.config import knob, refuse_unless, seed_of
 from turngym.rewards import bind_policy, load_reward_state_dict, make_reward, reward_state_dict, wants_policy
 from turngym.rollout import Collector, EnvTarget, EpisodeSpec, TaskSchedule
 from turngym.rollout.engine import resolve_engine
@@ -104,9 +104,7 @@ class OnlineConfig:
                                          "groups go to the tasks greedy decoding fails (weight 1; solved ones 0.1) "
                                          "(synchronous collection, one process)")
     screen_every: int = knob(4, "task_sampling=greedy_failed: iterations between greedy screens of every training task")
-    seed: int = knob(0, "seeds task order, sampling and minibatches")
-    demo_seed: int = knob(-1, "expert_replay's demonstrations: the SFT stage's choice of training tasks (sft.demo_seed)")
-    demo_pool: int = knob(0, "expert_replay's demonstrations: the SFT stage's task pool (sft.demo_pool)")
+    seed: int | None = knob(None, "seeds task order, sampling and minibatches (None: the run's seed, else 0)")
     checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
     time_budget_s: float = knob(0.0, "stop after the iteration whose training seconds (collect + update, "
                                      "not on_iteration's work) reach this; 0 = no limit")
@@ -153,10 +151,14 @@ class OnlineConfig:
             raise ValueError(f"screen_every must be >= 1, got {self.screen_every}")
         if self.env_workers not in ("local", "thread", "subprocess", "ray"):
             raise ValueError(f"env_workers must be local, thread, subprocess or ray, got {self.env_workers!r}")
+        for name in ("lora_r", "lora_alpha"):
+            refuse_unless(self, name, self.trainable == "lora", "with trainable=lora")
+        refuse_unless(self, "vllm", self.rollout_engine != "hf", "with rollout_engine=vllm or auto")
+        refuse_unless(self, "screen_every", self.task_sampling == "greedy_failed", "with task_sampling=greedy_failed")
 
     def sampling(self, iteration: int) -> SamplingParams:
         # the seed depends only on (seed, iteration): a resumed run samples exactly as the original
-        return SamplingParams(self.temperature, self.top_p, self.max_new_tokens, seed=self.seed * 100_003 + iteration)
+        return SamplingParams(self.temperature, self.top_p, self.max_new_tokens, seed=seed_of(self) * 100_003 + iteration)
 
 
 def resolve_rollout_engine(cfg: Any, distributed: bool = False) -> Any:
@@ -180,17 +182,18 @@ class OnlineTrainer(IterativeTrainer):
         ctx: The data-parallel context (default: single process).
         collector: Plays the episodes (env pools, generation engine); shared with the caller's
             evaluations (default: the trainer's own, built at setup and closed by ``close``).
+        demos: The SFT stage's choice of demonstrations (``SFTConfig.demo_choice``), for ``expert_replay``.
     """
 
     name = "online"
 
     def __init__(self, policy: Any, env_id: str, cfg: OnlineConfig, *, env_kwargs: dict | None = None,
                  out_dir: str | Path = "runs/online", ctx: DistContext | None = None,
-                 collector: Collector | None = None) -> None:
+                 collector: Collector | None = None, demos: dict | None = None) -> None:
         ctx = ctx or DistContext()
         cfg = resolve_rollout_engine(cfg, ctx.enabled)  # auto -> vllm or hf, once
         self._init_loop(policy, env_id, cfg, out_dir, ctx)
-        self.env_kwargs = dict(env_kwargs or {})
+        self.env_kwargs, self.demos, self.seed = dict(env_kwargs or {}), dict(demos or {}), seed_of(cfg)
         self.env = EnvTarget(env_id, self.env_kwargs, cfg.max_turns, cfg.max_state_visits)  # what training plays
         if cfg.rollout_engine == "vllm" and self.ctx.enabled:
             raise ValueError("rollout_engine=vllm runs in one process, not under torchrun")
@@ -205,7 +208,7 @@ class OnlineTrainer(IterativeTrainer):
 
     def setup(self) -> None:
         cfg = self.cfg
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(self.seed)
         self.reward_fn = make_reward(cfg.reward)
         self.ref = frozen_copy(self.policy.model) if self.needs_reference() else None
         self.policy.model = prepare_trainable(self.policy.model, cfg.trainable, cfg.lora_r, cfg.lora_alpha)
@@ -217,13 +220,13 @@ class OnlineTrainer(IterativeTrainer):
         if cfg.sharding == "fsdp":  # before the optimizer, which must hold the shards
             self.model = self.policy.model = shard_model(self.model, self.ctx)
         self.actor_opt = actor_optimizer(self.model, cfg.actor_lr)
-        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.gen = torch.Generator().manual_seed(self.seed)
         if self.ref is not None:
             bind_policy(self.reward_fn, self.ref)  # e.g. SPA reads the SFT'd policy's hidden states
         if self.collector is None:
             self.collector = Collector(self.policy, engine=cfg.rollout_engine, vllm=cfg.vllm, workers=cfg.env_workers,
                                        ctx=self.ctx)
-        self.tasks = TaskSchedule(list(self.env.info.task_ids), cfg.seed, cfg.task_sampling, cfg.screen_every,
+        self.tasks = TaskSchedule(list(self.env.info.task_ids), self.seed, cfg.task_sampling, cfg.screen_every,
                                   greedy_first=cfg.greedy_in_group)
         self.task_ids = self.tasks.task_ids
         self._setup_extra()

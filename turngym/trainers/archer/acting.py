@@ -1,12 +1,11 @@
-"""Acting with the critic: at every turn the policy's greedy reply and its runner-ups are scored by
-ArCHer's utterance-level critic, and the one it rates highest is played.
+"""Acting with the critic (not in the paper, where the critic only trains the actor): at every turn
+the policy's greedy reply and its runner-ups are scored by ArCHer's utterance-level critic, and the
+one it rates highest is played. The pipeline stage ``acting`` evaluates the trained actor acting
+with its own critic (``acting.k > 0``); ``hierarchy.py`` fits a critic of the trained actor instead.
 
-Why: on the training tasks the critic ranks a state's replies well (sibling AUC 0.86 out of sample on
-multi-hop search), yet every way of turning that ranking into actor updates has left held-out success
-where the clones put it: the env is a better judge than the critic wherever both can be asked, which
-is everywhere in training. At test time the env cannot be asked, and the critic can. This wrapper is
-how the trained hierarchy acts: the actor proposes (its greedy reply plus ``k`` runner-ups, the same
-``alternatives`` branch search plays), the critic decides.
+Why: in training the env judges every reply a search plays, and it is a better judge than the
+critic; at test time the env cannot be asked, and the critic can. The actor proposes (its greedy
+reply plus ``k`` runner-ups, the same ``alternatives`` branch search plays), the critic decides.
 
 A runner-up replaces the greedy reply only when its min(Q1, Q2) beats the greedy reply's by more
 than ``margin`` (``pick_reply``), so a critic with nothing to say leaves the actor's choice alone.
@@ -19,21 +18,32 @@ not the episode's history, once for the actor and once for the critic (``PromptF
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from turngym.config import knob
 from turngym.tools.formats import format_stops
+from turngym.trainers.archer.critic_rank import reply_scores
+from turngym.trainers.stages import Section, Stage, register_section, register_stage
 from turngym.types import Conversation, SamplingParams, Utterance
 
 ReplyValues = Callable[[list[int], list[list[int]]], list[float]]
 """``values(prompt_ids, [reply_ids, ...])``: a score per reply (``ArcherTrainer.reply_values``)."""
 
 
-def reply_scores(values: Sequence[float], logprobs: Sequence[Sequence[float]], prior: float) -> list[float]:
-    """Each reply's score: its value plus ``prior`` x its log-probability under the actor (the sum of
-    its tokens' recorded log-probs). With a prior, a runner-up the actor gave little mass must earn
-    that much more value: the critic has seen few such replies played, so its value there is an
-    extrapolation."""
-    return [v + prior * sum(lp) for v, lp in zip(values, logprobs)] if prior else list(values)
+@dataclass
+class ActingConfig:
+    """The held-out evaluation of the trained actor acting with a critic (stage ``final_critic``)."""
+
+    k: int = knob(0, "runner-ups scored beside the greedy reply at every turn by min(Q1, Q2); the best is played "
+                     "(0: no such evaluation). The critic is the RL stage's own (algo=archer), or with hierarchy.tasks "
+                     "the hierarchy stage's")
+    margin: float = knob(0.0, "how much higher a runner-up's score must be to replace the greedy reply")
+    prior: float = knob(0.0, "a reply's score is min(Q1, Q2) + this x its log-probability under the actor")
+
+    def __post_init__(self) -> None:
+        if min(self.k, self.margin, self.prior) < 0:
+            raise ValueError(f"acting: k, margin and prior must be >= 0, got {self.k}, {self.margin}, {self.prior}")
 
 
 def pick_reply(values: Sequence[float], margin: float = 0.0) -> int:
@@ -102,3 +112,27 @@ class CriticGuidedPolicy:
         span = chat.record(conv, reply.action_ids, reply.logprobs)
         return Utterance(reply.text, list(reply.action_ids), list(reply.logprobs), reply.finish_reason,
                          span=span, record=chat.state(conv).record)
+
+
+def acting_policy(cfg: ActingConfig, engine: Any, values: ReplyValues) -> CriticGuidedPolicy:
+    """The trained actor (``engine`` generates with it) acting with a critic's ``values``."""
+    return CriticGuidedPolicy(engine, values, cfg.k, cfg.margin, cfg.prior)
+
+
+def _check(train_cfg: Any) -> None:
+    own = hasattr(train_cfg.rl_trainer(), "reply_values")
+    if train_cfg.acting.k and not (own or train_cfg.hierarchy.tasks):
+        raise ValueError(f"acting.k={train_cfg.acting.k}: algo={train_cfg.algo} trains no utterance critic to act "
+                         "with; use algo=archer, set hierarchy.tasks (a critic of the trained actor), or acting.k=0")
+
+
+def acting_stage(p: Any) -> None:
+    """The trained actor acting with the RL stage's own critic, before the final evaluation (a rerun
+    that finds the final evaluation missing redoes both, from the RL stage's checkpoint)."""
+    cfg = p.cfg
+    if cfg.acting.k and not cfg.hierarchy.tasks and p.trainer is not None and not p.stages.done("eval_final_critic"):
+        p.held_out("final_critic", lambda engine: acting_policy(cfg.acting, engine, p.trainer.reply_values))
+
+
+register_section(Section("acting", ActingConfig, ActingConfig, "the trained actor acting with a critic", check=_check))
+register_stage(Stage("acting", 55, acting_stage, "held-out success of the actor acting with its critic"))

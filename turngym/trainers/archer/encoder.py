@@ -1,4 +1,12 @@
-"""ArCHer's critic encoders other than the frozen reference's final hidden states (``critic_encoder``).
+"""ArCHer's critic encoders (``critic_encoder``): what the critic reads of a conversation.
+
+- ``top:K`` (the default): the critic's own trainable copy of the SFT'd model's top K blocks, over
+  frozen lower layers (``TrunkTopEncoder``, below).
+- ``reference``: the final hidden states of the frozen SFT'd model, read by the heads alone (cheap;
+  not the paper's, whose encoder trains).
+
+``TurnEncoder`` turns recorded turns and fresh replies into either kind of input, from the token ids
+the policy sampled (nothing is re-tokenized).
 
 ``TrunkTopEncoder`` (``top:K``) is cached frozen lower layers plus the critic's own trainable copy
 of the top K transformer blocks. The frozen reference already runs once per collected batch (the
@@ -13,7 +21,6 @@ the windows sit in the replay buffer as the frozen features do.
 At initialisation the copy equals the reference's blocks: over a window that covers the whole
 prefix it reproduces the reference's own final hidden state, the ``reference`` encoder's feature.
 
-``TextFeatureEncoder`` (a path) reads the conversation's text with another frozen LM.
 """
 
 from __future__ import annotations
@@ -27,12 +34,60 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from turngym.agents.kvcache import cache_arg, returned_cache
-from turngym.trainers import functional as Fn
-from turngym.trainers.sequences import backbone_and_head
-from turngym.types import Trajectory
+from turngym.trainers.actor import autocast
+from turngym.trainers.sequences import (PackedBatch, _only_blocks, backbone_and_head, causal_kernel_mask, pack_batch,
+                                        pack_records, score)
+from turngym.types import TokenRecord, Trajectory
 
 Window = tuple[torch.Tensor, torch.Tensor]
 """A batch of windows: trunk states ``(N, W, H)`` and their positions ``(N, W)`` (long, -1 = padding)."""
+
+
+# ----- windows (pure) ------------------------------------------------------------------------------
+def window_positions(end: torch.Tensor, width: int) -> torch.Tensor:
+    """Positions of the ``width`` tokens that end at each ``end``: ``end - width + 1, ..., end``, with
+    -1 for the slots before the sequence's start (padding, always on the left).
+
+    Args:
+        end: ``(N,)`` long, the position each window ends at (its last token).
+
+    Returns:
+        ``(N, W)`` long.
+    """
+    pos = end[:, None] - (width - 1) + torch.arange(width, device=end.device)
+    return torch.where(pos >= 0, pos, -1)
+
+
+def gather_windows(hidden: torch.Tensor, at: torch.Tensor, width: int) -> Window:
+    """Windows of hidden states ending at ``at``: the ``top:K`` encoder's input.
+
+    Args:
+        hidden: ``(B, T, H)`` one sequence per row, position = column (right padding only).
+        at: ``(N, 2)`` long ``(row, position)`` of each window's last token.
+
+    Returns:
+        ``(N, W, H)`` states (zeros in padding slots) and their ``(N, W)`` positions (``window_positions``).
+    """
+    pos = window_positions(at[:, 1], width)
+    states = hidden[at[:, :1], pos.clamp_min(0)]
+    return torch.where((pos >= 0)[..., None], states, 0.0), pos
+
+
+def window_attention_mask(pos: torch.Tensor) -> torch.Tensor:
+    """Causal attention inside each window over its real tokens: query ``i`` sees key ``j`` when
+    ``j <= i`` and ``j`` is real (``pos >= 0``). A padding query sees itself only, so that no softmax
+    row is empty (its output is never read).
+
+    Args:
+        pos: ``(N, W)`` window positions, -1 = padding.
+
+    Returns:
+        ``(N, 1, W, W)`` bool, True = attend (one mask for every head).
+    """
+    w = pos.shape[1]
+    causal = torch.ones(w, w, dtype=torch.bool, device=pos.device).tril()
+    real_key = (pos >= 0)[:, None, :]  # (N, 1, W)
+    return (causal & (real_key | torch.eye(w, dtype=torch.bool, device=pos.device)))[:, None]
 
 
 class TrunkTopEncoder(nn.Module):
@@ -64,7 +119,7 @@ class TrunkTopEncoder(nn.Module):
             p.requires_grad_(True)
 
     def forward(self, states: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Encode windows (``Fn.gather_windows``).
+        """Encode windows (``gather_windows``).
 
         Args:
             states: ``(N, W, H)`` trunk states.
@@ -73,7 +128,7 @@ class TrunkTopEncoder(nn.Module):
         Returns:
             ``(N, H)`` the final norm's output at each window's last token.
         """
-        allowed = Fn.window_attention_mask(pos)  # (N, 1, W, W)
+        allowed = window_attention_mask(pos)  # (N, 1, W, W)
         # an additive mask, which eager and SDPA attention both take (a bool one only SDPA)
         bias = torch.zeros(allowed.shape, dtype=states.dtype, device=states.device)
         bias = bias.masked_fill(~allowed, torch.finfo(states.dtype).min)
@@ -86,40 +141,130 @@ class TrunkTopEncoder(nn.Module):
         return self.norm(h[:, -1])
 
 
-class TextFeatureEncoder:
-    """Critic features from another (small, frozen) LM over the conversation text.
+@torch.no_grad()
+def trunk_states(model: nn.Module, batch: PackedBatch, layer: int) -> torch.Tensor:
+    """``(B, T, H)`` the input of block ``layer`` at every position (the blocks above it do not run)."""
+    backbone, _ = backbone_and_head(model)
+    device = next(model.parameters()).device
+    with _only_blocks(backbone, 0, layer):
+        out = backbone(input_ids=batch.input_ids.to(device), attention_mask=causal_kernel_mask(batch.attention_mask.to(device)),
+                       use_cache=False)
+    return out.last_hidden_state
 
-    The state text is the rendered conversation up to the turn; the state-action text adds the
-    utterance. Features are the mean of the encoder's last hidden states (left-truncated to
-    ``max_length`` tokens, so the recent turns are kept).
+
+class TurnEncoder:
+    """The critic's inputs for recorded turns and for fresh replies, from the frozen SFT'd model.
+
+    ``mode`` is ``critic_encoder``: ``reference`` gives ``(N, H)`` final hidden states at the
+    state's last prompt token (phi(s)) and the reply's last token (phi(s, a)); ``top:K`` gives the
+    windows of ``window`` trunk states (the input of block N - K) ending there, which the critic's
+    own ``TrunkTopEncoder`` (``critic_module``) encodes.
+
+    Args:
+        ref: The frozen SFT'd model.
+        mode: ``reference`` or ``top:K``.
+        window: ``top:K``'s window length.
+        autocast_mode: Mixed precision of the forwards (``actor.autocast``).
+        pad_id: Padding token.
+        chunk: Sequences per forward.
     """
 
-    def __init__(self, path: str, max_length: int = 512) -> None:
-        from transformers import AutoModel, AutoTokenizer
+    def __init__(self, ref: nn.Module, mode: str, window: int, autocast_mode: str, pad_id: int, chunk: int = 16) -> None:
+        self.ref, self.window, self.autocast_mode, self.pad_id, self.chunk = ref, window, autocast_mode, pad_id, chunk
+        self.top_k = int(mode[4:]) if mode.startswith("top:") else 0
+        if mode != "reference" and not (self.top_k and mode[4:].isdigit()):
+            raise ValueError(f"critic_encoder must be reference or top:K, got {mode!r}")
+        self.layer = len(backbone_and_head(ref)[0].layers) - self.top_k if self.top_k else None
+        self.dim = ref.config.get_text_config().hidden_size
+        self._prompts = PromptFeatures(ref) if self.layer is None else None  # held keys/values of growing prompts
 
-        self.tok = AutoTokenizer.from_pretrained(path)
-        self.tok.truncation_side = "left"
-        self.model = AutoModel.from_pretrained(path).eval()
-        self.dim = self.model.config.hidden_size
-        self.max_length = max_length
+    def critic_module(self) -> nn.Module | None:
+        """The critic's own trainable encoder (``top:K``), or None (the heads read features)."""
+        return TrunkTopEncoder(self.ref, self.top_k) if self.top_k else None
+
+    def _hidden(self, batch: PackedBatch) -> torch.Tensor:
+        with autocast(self.ref, self.autocast_mode):
+            h = score(self.ref, batch, hidden=True).hidden if self.layer is None else trunk_states(self.ref, batch, self.layer)
+        return h.float()
+
+    def _features(self, batch: PackedBatch, hidden: torch.Tensor):
+        if self.layer is not None:
+            return gather_windows(hidden, batch.state_pos, self.window), gather_windows(hidden, batch.action_pos, self.window)
+        return (hidden[batch.state_pos[:, 0], batch.state_pos[:, 1]], hidden[batch.action_pos[:, 0], batch.action_pos[:, 1]])
 
     @torch.no_grad()
-    def _embed(self, texts: list[str]) -> torch.Tensor:
-        enc = self.tok(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
-        h = self.model(**enc).last_hidden_state
-        m = enc["attention_mask"][..., None].float()
-        return (h * m).sum(1) / m.sum(1).clamp_min(1)
+    def episodes(self, trajs: list[Trajectory], parent: list[int] | None = None,
+                 branch_turn: list[int] | None = None) -> tuple[list[tuple[int, int]], Any, Any]:
+        """phi(s), phi(s, a) of every turn with tokens: ``(refs, s, sa)``, ``refs[i] = (episode, turn)``
+        sorted. One forward per episode, in chunks of episodes of similar length (little padding);
+        with a tree's ``parent`` and ``branch_turn`` and the reference encoder, a branch that leaves a
+        root runs only its own tokens, on the root's keys and values (``tree_features``)."""
+        parts: dict[tuple[int, int], tuple] = {}
+        if parent is not None and self.layer is None:
+            with autocast(self.ref, self.autocast_mode):
+                parts = tree_features(self.ref, trajs, parent, branch_turn)
+        covered = {i for i, _ in parts}
+        rest = [i for i in range(len(trajs)) if i not in covered and any(t.span for t in trajs[i].turns)]
+        rest.sort(key=lambda i: len(trajs[i].record.ids))
+        for c in range(0, len(rest), self.chunk):
+            idx = rest[c : c + self.chunk]
+            batch = pack_batch([trajs[i] for i in idx], self.pad_id)
+            s, sa = self._features(batch, self._hidden(batch))
+            for j, (ti, k) in enumerate(batch.turn_refs):
+                parts[(idx[ti], k)] = (_row(s, j), _row(sa, j))
+        refs = sorted(parts)
+        return refs, stack_rows([parts[r][0] for r in refs]), stack_rows([parts[r][1] for r in refs])
 
-    def turn_features(self, trajs: list[Trajectory], refs: list[tuple[int, int]]):
-        states, actions = [], []
-        for ti, k in refs:
-            t = trajs[ti]
-            lines = [f"{m.role}: {m.content}" for m in t.initial_observation]
-            for turn in t.turns[:k]:
-                lines += [f"assistant: {turn.action_text}"] + [f"{m.role}: {m.content}" for m in turn.observation]
-            states.append("\n".join(lines))
-            actions.append(states[-1] + f"\nassistant: {t.turns[k].action_text}")
-        return self._embed(states), self._embed(actions)
+    @torch.no_grad()
+    def replies(self, prompts: list[list[int]], replies: list[list[int]]) -> tuple[Any, Any]:
+        """phi(s), phi(s, a) of each reply's ids after its prompt's ids (one record each)."""
+        out_s, out_sa = [], []
+        for c in range(0, len(prompts), self.chunk):
+            items = []
+            for prompt, reply in zip(prompts[c : c + self.chunk], replies[c : c + self.chunk]):
+                rec = TokenRecord()
+                rec.add_prompt(list(prompt))
+                span = rec.add_action(list(reply) or [self.pad_id])
+                items.append((rec, [(0, span)]))
+            batch = pack_records(items, self.pad_id)
+            s, sa = self._features(batch, self._hidden(batch))
+            out_s.append(s)
+            out_sa.append(sa)
+        return cat_rows(out_s), cat_rows(out_sa)
+
+
+    @torch.no_grad()
+    def one_prompt(self, prompt: list[int], replies: list[list[int]]) -> tuple[Any, Any]:
+        """phi(s), phi(s, a) of several replies to one prompt. The reference encoder runs the prompt's
+        forward once for all of them, on the keys and values of the longest prompt seen before that it
+        extends (``PromptFeatures``): a critic that acts scores every turn's candidates this way."""
+        if self._prompts is None:
+            return self.replies([list(prompt)] * len(replies), [list(r) for r in replies])
+        with autocast(self.ref, self.autocast_mode):
+            s, sa = self._prompts(list(prompt), [list(r) for r in replies])
+        return s.expand_as(sa), sa
+
+
+def _row(x: Any, i: int):
+    return x[i] if isinstance(x, torch.Tensor) else (x[0][i], x[1][i])
+
+
+def stack_rows(rows: list) -> Any:
+    """Single rows (a feature, or a window's pair) into one batch."""
+    if isinstance(rows[0], tuple):
+        return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+    return torch.stack(rows)
+
+
+def cat_rows(blocks: list) -> Any:
+    """Batches of rows into one."""
+    if isinstance(blocks[0], tuple):
+        return torch.cat([b[0] for b in blocks]), torch.cat([b[1] for b in blocks])
+    return torch.cat(blocks)
+
+
+def select_rows(x: Any, index: torch.Tensor) -> Any:
+    return x[index] if isinstance(x, torch.Tensor) else (x[0][index], x[1][index])
 
 
 class PromptFeatures:

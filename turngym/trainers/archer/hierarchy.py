@@ -18,12 +18,13 @@ The stage, after the RL stage (``turngym train`` with ``hierarchy.tasks > 0``):
    replies (the ones acting will score) are each played on greedily to the end (one level), and
    the replies the env refused or that changed nothing are kept as one-turn dead ends. Each
    branched turn then holds the candidates acting will face, each with the outcome it led to.
-3. **Critic.** ArCHer's critic (``trainers/archer.py`` with ``train_actor=false``): clipped double Q
-   and V over the frozen trained actor's hidden states, V fitted to Q of the actor's own reply,
-   Polyak targets, TD from the replay buffer. Its sibling AUC is cross-fitted out of sample
-   (two critics, each trained without one half of the tasks, rank the other half's siblings).
-4. **Gate.** The critic acts (``eval.critic_guided``, ``critic_guided.CriticGuidedPolicy``) only
-   when that AUC is at least ``gate``; below it the hierarchy is the actor alone.
+3. **Critic.** ArCHer's critic (``core.py``, one iteration, whose actor never trains: the
+   iteration is its warm-up): clipped double Q and V over the frozen trained actor's hidden states
+   (``critic_encoder=reference``), V fitted to Q of the actor's fresh replies, Polyak targets, TD from
+   the replay buffer. Its sibling AUC is cross-fitted out of sample (plug-in ``sibling_auc``: two
+   critics, each trained without one half of the tasks, rank the other half's siblings).
+4. **Gate.** The critic acts (``acting.k`` runner-ups, ``acting.CriticGuidedPolicy``) only when that
+   AUC is at least ``gate``; below it the hierarchy is the actor alone.
 
 The actor is the RL stage's, unchanged, so "acting with the critic" and "the actor alone" are one
 policy with and without its high level, paired game by game.
@@ -35,12 +36,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from turngym.clock import CLOCK
 from turngym.config import knob
 from turngym.rollout.branching import BRANCH_BY
-from turngym.trainers.archer import ArcherConfig, ArcherTrainer
+from turngym.trainers.archer.acting import acting_policy, pick_reply
+from turngym.trainers.archer.core import ArcherConfig, ArcherTrainer
+from turngym.trainers.archer.critic_rank import reply_scores
 from turngym.trainers.checkpoint import has_checkpoint, load_checkpoint
-from turngym.trainers.critic_guided import pick_reply, reply_scores
 from turngym.trainers.logger import read_rows
+from turngym.trainers.stages import Section, Stage, register_section, register_stage
 
 
 @dataclass
@@ -52,15 +56,15 @@ class HierarchyConfig:
     points: int = knob(8, "turns branched per episode (its last ones; a lost episode's up to where it first came back "
                           "to a state it had been in)")
     width: int = knob(3, "runner-up replies played on greedily at each branched turn (as many as acting scores)")
-    branch_by: str = knob("observation", "how a return to an earlier state is seen: observation (what the agent was "
-                                         "shown) | state_key (the env's privileged key)")
-    critic_updates: int = knob(3000, "TD updates of the critic's heads (over stored features: cheap)")
+    by: str = knob("observation", "how a return to an earlier state is seen: observation (what the agent was "
+                                  "shown) | state_key (the env's privileged key)")
+    critic_updates: int = knob(3000, "TD steps of the critic's heads (over stored features: cheap)")
     critic_lr: float = knob(3e-4, "critic learning rate (AdamW)")
     critic_hidden: int = knob(256, "width of the critic's MLP heads")
     env_kwargs: dict = knob({}, "overrides of the training env's kwargs for the critic's episodes, e.g. "
                                 "{num_games: 256} on TextWorld: more training tasks than the RL stage played")
     gate: float = knob(0.75, "the critic acts only when its cross-fitted sibling AUC is at least this (0: always)")
-    seed: int = knob(0, "seeds the screen's task order and the critic's minibatches")
+    seed: int | None = knob(None, "seeds the screen's task order and the critic's minibatches (None: the run's seed)")
     dump_tree: bool = knob(False, "also write the critic's tree (episodes, features, returns, sibling groups) to "
                                   "hierarchy/tree0.pt, for offline critic probes (scripts/sibling_probe.py --dump)")
 
@@ -68,8 +72,8 @@ class HierarchyConfig:
         if self.tasks < 0 or self.points < 1 or self.width < 1:
             raise ValueError(f"hierarchy: tasks must be >= 0, points and width >= 1 (got {self.tasks}, {self.points}, "
                              f"{self.width})")
-        if self.branch_by not in BRANCH_BY:
-            raise ValueError(f"hierarchy.branch_by must be one of {BRANCH_BY}, got {self.branch_by!r}")
+        if self.by not in BRANCH_BY:
+            raise ValueError(f"hierarchy.by must be one of {BRANCH_BY}, got {self.by!r}")
         if self.critic_updates < 1 or self.critic_lr <= 0 or self.critic_hidden < 1:
             raise ValueError("hierarchy: critic_updates and critic_hidden must be >= 1, critic_lr > 0")
         if not 0 <= self.gate <= 1:
@@ -77,20 +81,21 @@ class HierarchyConfig:
 
 
 def critic_config(cfg: HierarchyConfig, actor: Any) -> ArcherConfig:
-    """The ArCHer run that fits the critic: one round, the actor left as it is. ``actor`` is the RL
-    stage's config, whose episode limits (turns, state visits, reply length) the critic's episodes keep."""
+    """The ArCHer run that fits the critic: one iteration, the actor left as it is (the iteration is
+    the critic's warm-up). ``actor`` is the RL stage's config, whose episode limits the critic's keep."""
     if getattr(actor, "trainable", "all") == "lora":
         raise ValueError("hierarchy.tasks: the critic stage reads a merged actor; train it with trainable=all or top:K")
     return ArcherConfig(
-        iterations=1, episodes_per_iter=cfg.tasks, num_envs=actor.num_envs, max_turns=actor.max_turns,
-        max_state_visits=actor.max_state_visits, max_new_tokens=actor.max_new_tokens, trainable=actor.trainable,
-        autocast=actor.autocast, seed=cfg.seed,
+        iterations=1, warmup_iters=1, episodes_per_iter=cfg.tasks, num_envs=actor.num_envs, max_turns=actor.max_turns,
+        max_state_visits=actor.max_state_visits, max_new_tokens=actor.max_new_tokens, seed=cfg.seed,
+        trainable=actor.trainable if actor.trainable != "lora" else "all", autocast=actor.autocast,
+        temperature=0.0,  # V of the greedy actor that will act: its fresh reply is its greedy one
+        critic_encoder="reference", critic_epochs=cfg.critic_updates, critic_lr=cfg.critic_lr,
+        critic_hidden=cfg.critic_hidden,
         # the candidates acting will face: every turn's runner-ups, in won and lost episodes, refused ones too
-        branch_points=cfg.points, branch_width=cfg.width, branch_depth=1, branch_by=cfg.branch_by,
-        branch_wins=True, critic_no_ops=True,
-        train_actor=False, critic_gate=1.0, critic_holdout=0.0, expert_labels=False,
-        critic_updates=cfg.critic_updates, critic_lr=cfg.critic_lr, critic_hidden=cfg.critic_hidden,
-        dump_trees=cfg.dump_tree)
+        plugins=[{"name": "tree", "points": cfg.points, "width": cfg.width, "depth": 1, "by": cfg.by,
+                  "from_wins": True, "no_ops": True},
+                 {"name": "sibling_auc", "holdout": 0.0, "gate": 1.0}])
 
 
 ACTING_PRIORS = (0.0, 0.03, 0.1, 0.3, 1.0)  # the prior weights whose acting is estimated out of sample
@@ -146,7 +151,8 @@ def trained_actor(rl_dir: Path) -> dict:
         raise ValueError(f"hierarchy.tasks: the critic is fitted to the RL stage's actor, but {rl_dir / 'checkpoint'} "
                          "is gone; rerun the RL stage (delete its eval_final from stages.json) or set hierarchy.tasks=0")
     st = load_checkpoint(rl_dir / "checkpoint", restore_rng=False)
-    return {"model": st["model"], "screened": dict(st.get("screened", {}))}
+    screened = st.get("screened") or st.get("plugins", {}).get("tree", {}).get("screened", {})
+    return {"model": st["model"], "screened": dict(screened)}
 
 
 def fit_critic(policy: Any, env_id: str, cfg: HierarchyConfig, actor: Any, *, trained_on: dict[str, int],
@@ -168,8 +174,9 @@ def fit_critic(policy: Any, env_id: str, cfg: HierarchyConfig, actor: Any, *, tr
     trainer = ArcherTrainer(policy, env_id, critic_config(cfg, actor), env_kwargs={**env_kwargs, **cfg.env_kwargs},
                             out_dir=out_dir, collector=collector)
     trainer.setup()
+    tree = trainer.plugins.get("tree")
     # screen_order plays never-screened tasks first: marking the RL stage's tasks as screened puts them last
-    trainer.screened = {t: 0 for t in trained_on}
+    tree.screened = {t: 0 for t in trained_on}
     rows = trainer.train(progress=progress)
     logged = rows or read_rows(out_dir / "metrics.jsonl")  # a resumed, finished run logs no row
     metrics = logged[-1] if logged else {}
@@ -177,8 +184,8 @@ def fit_critic(policy: Any, env_id: str, cfg: HierarchyConfig, actor: Any, *, tr
             "critic/sibling_pairs_xfit", "critic/sibling_auc_xfit_lost", "critic/sibling_pairs_xfit_lost", "search/branches",
             "search/no_op_leaves", "search/sibling_groups", "rollout/success", "env_steps", "train_seconds")
     record = {k.split("/")[-1]: metrics[k] for k in keys if k in metrics}
-    record["fresh_tasks"] = sum(t not in trained_on for t in trainer.screened)
-    fit = trainer.crossfit  # None for a critic reloaded from its checkpoint (its record was made at the fit)
+    record["fresh_tasks"] = sum(t not in trained_on for t in tree.screened)
+    fit = trainer.plugins.get("sibling_auc").crossfit  # None for a critic reloaded from its checkpoint
     if fit is not None:
         record["acting_xfit"] = {str(p): acting_gain(fit["scores"], fit["values"], fit["logprobs"], fit["groups"], p)
                                  for p in ACTING_PRIORS}
@@ -187,3 +194,41 @@ def fit_critic(policy: Any, env_id: str, cfg: HierarchyConfig, actor: Any, *, tr
     record["config"] = asdict(cfg)
     return trainer, record
 
+
+
+def hierarchy_stage(p: Any) -> None:
+    """After the RL stage: the critic of the trained actor, then the held-out evaluation of the actor
+    acting with it (stage ``final_critic``); below the gate the actor acts alone."""
+    cfg = p.cfg
+    if not cfg.hierarchy.tasks or p.stages.done("eval_final_critic") or not p.stages.done("eval_final"):
+        return
+    out = Path(cfg.output_dir)
+    actor = trained_actor(out / cfg.algo)
+    if not p.stages.done("hierarchy"):
+        p.say(f"[hierarchy] fitting the critic of the trained actor on {cfg.hierarchy.tasks} training tasks")
+    p.policy.model.load_state_dict(actor.pop("model"))  # the RL stage's final weights (a rerun starts from SFT's)
+    p.policy.invalidate_caches()
+    with CLOCK.stage("hierarchy"):
+        critic, record = fit_critic(p.policy, cfg.env_id, cfg.hierarchy, cfg.rl_section(), trained_on=actor["screened"],
+                                    env_kwargs=p.train_kwargs, out_dir=out / "hierarchy", collector=p.collector,
+                                    progress=p.progress)
+    if p.stages.done("hierarchy"):  # the critic was reloaded: the record made when it was fitted stands
+        record = p.stages.data["hierarchy"]
+    p.stages.finish("hierarchy", record)
+    if record["gate_open"]:
+        p.held_out("final_critic", lambda engine: acting_policy(cfg.acting, engine, critic.reply_values))
+    else:
+        p.say(f"[hierarchy] the critic's sibling AUC {record.get('sibling_auc_xfit')} is below the gate "
+              f"{cfg.hierarchy.gate}: the actor acts alone")
+        p.stages.finish("eval_final_critic", {**p.stages.data["eval_final"], "acting/gate_open": 0.0})
+
+
+def _check(train_cfg: Any) -> None:
+    if train_cfg.hierarchy.tasks and not train_cfg.acting.k:
+        raise ValueError(f"hierarchy.tasks={train_cfg.hierarchy.tasks} fits a critic that acts: set acting.k (runner-ups "
+                         f"scored per turn, e.g. {train_cfg.hierarchy.width}), or hierarchy.tasks=0")
+
+
+register_section(Section("hierarchy", HierarchyConfig, HierarchyConfig, "after the RL stage: the critic of the trained "
+                         "actor, which acts with it (acting.k; off while hierarchy.tasks is 0)", check=_check))
+register_stage(Stage("hierarchy", 70, hierarchy_stage, "the critic of the trained actor, acting with it"))
