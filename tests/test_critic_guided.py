@@ -1,4 +1,4 @@
-"""Acting with the critic (``trainers.critic_guided``): the choice rule by hand, a critic that knows the
+"""Acting with the critic (``trainers.archer.acting``): the choice rule by hand, a critic that knows the
 answer winning through a policy that does not, an indifferent critic leaving greedy play untouched,
 and the chosen replies recorded token for token, with or without the KV cache kept across turns."""
 
@@ -10,7 +10,8 @@ import torch
 from turngym.agents.base import SamplingParams
 from turngym.agents.hf import HFPolicy
 from turngym.rollout import EpisodeSpec, make_env_factory, rollout
-from turngym.trainers.critic_guided import CriticGuidedPolicy, pick_reply, reply_scores
+from turngym.trainers.archer.acting import CriticGuidedPolicy, pick_reply
+from turngym.trainers.archer.critic_rank import reply_scores
 
 from fixtures_model import EveryGuess, build_tiny_model
 

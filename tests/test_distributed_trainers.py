@@ -43,8 +43,9 @@ def _worker(rank: int, init_file: str, out_dir: str, algo: str) -> None:
         common = dict(iterations=2, episodes_per_iter=8, num_envs=4, max_new_tokens=8, minibatch_size=3,
                       actor_lr=1e-2, checkpoint_every=1, autocast="none")
         if algo == "archer":
-            trainer = ArcherTrainer(policy, ENV, ArcherConfig(**common, critic_updates=3, critic_warmup=0, kl_coef=0.01,
-                                                                  collect="sample", actor_loss="ppo", critic_gate=0.0),
+            trainer = ArcherTrainer(policy, ENV, ArcherConfig(**{k: v for k, v in common.items() if k != "minibatch_size"},
+                                                                  critic_epochs=3, critic_states=4, actor_states=3,
+                                                                  warmup_iters=0, critic_encoder="reference"),
                                     out_dir=f"{out_dir}/run", ctx=ctx)
         else:
             trainer = PGTrainer(policy, ENV, PGConfig(**common, algo="grpo", group_size=2, reward=["env", "test_length"]), out_dir=f"{out_dir}/run", ctx=ctx)

@@ -10,11 +10,11 @@ import pytest
 import torch
 from test_protocol import _protocol, _tiny_base
 
-from turngym.train import EvalConfig, TrainConfig
+from turngym.train import TrainConfig
 from turngym.trainers.archer import ArcherConfig
+from turngym.trainers.archer.acting import ActingConfig
+from turngym.trainers.archer.hierarchy import HierarchyConfig, acting_gain, critic_config, gate_open
 from turngym.trainers.branch_bc import BranchBCConfig
-from turngym.trainers.hierarchy import HierarchyConfig, acting_gain, critic_config, gate_open
-from turngym.types import Trajectory
 
 BRANCH = "branch: {iterations: 1, episodes_per_iter: 2, num_envs: 2, max_new_tokens: 6, autocast: none}"
 
@@ -22,10 +22,12 @@ BRANCH = "branch: {iterations: 1, episodes_per_iter: 2, num_envs: 2, max_new_tok
 def test_the_critic_run_leaves_the_actor_alone_and_branches_every_candidate():
     actor = BranchBCConfig(num_envs=5, max_turns=7, max_state_visits=3, max_new_tokens=11, trainable="top:2")
     cfg = critic_config(HierarchyConfig(tasks=12, points=4, width=2, seed=3), actor)
-    assert isinstance(cfg, ArcherConfig) and not cfg.train_actor and cfg.iterations == 1
-    assert (cfg.episodes_per_iter, cfg.branch_points, cfg.branch_width, cfg.branch_depth) == (12, 4, 2, 1)
-    assert cfg.branch_wins and cfg.critic_no_ops and cfg.critic_holdout == 0 and cfg.seed == 3
-    assert not cfg.dump_trees and critic_config(HierarchyConfig(tasks=1, dump_tree=True), actor).dump_trees
+    # one iteration that is the critic's warm-up: the actor never trains
+    assert isinstance(cfg, ArcherConfig) and cfg.iterations == cfg.warmup_iters == 1
+    tree, auc = cfg.plugins
+    assert (cfg.episodes_per_iter, tree["points"], tree["width"], tree["depth"]) == (12, 4, 2, 1)
+    assert tree["from_wins"] and tree["no_ops"] and auc["holdout"] == 0 and cfg.seed == 3
+    assert cfg.temperature == 0.0  # V of the greedy actor that acts
     assert (cfg.num_envs, cfg.max_turns, cfg.max_state_visits, cfg.max_new_tokens) == (5, 7, 3, 11)
     with pytest.raises(ValueError, match="trainable=all or top:K"):
         critic_config(HierarchyConfig(tasks=1), BranchBCConfig(trainable="lora"))
@@ -39,14 +41,14 @@ def test_gate_by_hand():
 def test_hierarchy_knobs_are_checked():
     with pytest.raises(ValueError, match="hierarchy.gate"):
         HierarchyConfig(gate=1.5)
-    with pytest.raises(ValueError, match="hierarchy.branch_by"):
-        HierarchyConfig(branch_by="oracle")
-    with pytest.raises(ValueError, match="set eval.critic_guided"):
+    with pytest.raises(ValueError, match="hierarchy.by"):
+        HierarchyConfig(by="oracle")
+    with pytest.raises(ValueError, match="set acting.k"):
         TrainConfig(hierarchy=HierarchyConfig(tasks=8))
     # any RL stage can act with the critic the stage fits: branch BC trains none of its own
-    assert TrainConfig(hierarchy=HierarchyConfig(tasks=8), eval=EvalConfig(critic_guided=3)).algo == "branch_bc"
+    assert TrainConfig(hierarchy=HierarchyConfig(tasks=8), acting=ActingConfig(k=3)).algo == "branch_bc"
     with pytest.raises(ValueError, match="trains no utterance critic"):
-        TrainConfig(eval=EvalConfig(critic_guided=3))
+        TrainConfig(acting=ActingConfig(k=3))
 
 
 def test_the_hierarchy_stage_end_to_end_resumes_and_gates(tmp_path, tiny_tokenizer, capsys):
@@ -54,8 +56,7 @@ def test_the_hierarchy_stage_end_to_end_resumes_and_gates(tmp_path, tiny_tokeniz
     text = cfg.read_text().replace("env_kwargs: {}", "env_kwargs: {n_tasks: 6}")
     cfg.write_text(text)
     out = tmp_path / "protocol"
-    arm = ("hier=branch_bc:hierarchy.tasks=2 hierarchy.gate=0 hierarchy.critic_updates=4 hierarchy.dump_tree=true "
-           "eval.critic_guided=2")
+    arm = "hier=branch_bc:hierarchy.tasks=2 hierarchy.gate=0 hierarchy.critic_updates=4 acting.k=2"
     argv = ["--config", str(cfg), "--arm", "sft", "--arm", "branch_bc", "--arm", arm, "--seeds", "0",
             "--games", "3", "--samples", "0", "--out", str(out), "--quiet"]
     report = _protocol(argv)
@@ -71,16 +72,6 @@ def test_the_hierarchy_stage_end_to_end_resumes_and_gates(tmp_path, tiny_tokeniz
         assert set(record["acting_xfit"]) == {"0.0", "0.03", "0.1", "0.3", "1.0"}
     critic_rows = (out / "seed0" / "hier" / "hierarchy" / "metrics.jsonl").read_text().splitlines()
     assert len(critic_rows) == 1 and json.loads(critic_rows[0])["actor/active"] == 0.0
-    # the critic's tree, for offline probes: one row of features, transition and return per turn
-    tree = torch.load(out / "seed0" / "hier" / "hierarchy" / "tree0.pt", weights_only=False)
-    n = len(tree["info"])
-    assert n > 0 and tree["s"].shape[0] == tree["sa"].shape[0] == tree["r"].shape[0] == tree["values"].shape[0] == n
-    episodes = [Trajectory.from_dict(d) for d in tree["tree"]["episodes"]]
-    assert {x["task"] for x in tree["info"]} <= {t.task_id for t in episodes}
-    assert all(0 <= i < n for g in tree["offered"] for i in g) and set(tree["own"]) <= set(range(n))
-    for i, x in enumerate(tree["info"]):  # a turn's return is its episode's reward from that turn on
-        assert tree["values"][i].item() == pytest.approx(sum(tree["rewards"][x["ep"]][x["turn"]:]))
-
     # a rerun after a kill before the acting evaluation reloads the critic (no second fit) and evaluates it
     del stages["eval_final_critic"]
     (out / "seed0" / "hier" / "stages.json").write_text(json.dumps(stages))
@@ -92,7 +83,7 @@ def test_the_hierarchy_stage_end_to_end_resumes_and_gates(tmp_path, tiny_tokeniz
     assert len((out / "seed0" / "hier" / "hierarchy" / "metrics.jsonl").read_text().splitlines()) == 1
 
     # a gate the critic cannot pass: the hierarchy is the actor alone, with no second evaluation
-    shut = "shut=branch_bc:hierarchy.tasks=2 hierarchy.gate=1.0 hierarchy.critic_updates=4 eval.critic_guided=2"
+    shut = "shut=branch_bc:hierarchy.tasks=2 hierarchy.gate=1.0 hierarchy.critic_updates=4 acting.k=2"
     gated = _protocol([*argv[:6], "--arm", shut, *argv[6:]])
     shut_record = json.loads((out / "seed0" / "shut" / "stages.json").read_text())["hierarchy"]
     assert shut_record["gate_open"] == (shut_record.get("sibling_auc_xfit") == 1.0)  # only a perfect ranking passes
@@ -124,7 +115,7 @@ def test_tree_features_match_a_whole_forward_of_every_episode(tiny_tokenizer):
     from turngym.rollout import make_env_factory
     from turngym.rollout.branching import Tree, branch_search
     from turngym.trainers.actor import reference_pass
-    from turngym.trainers.critic_encoder import tree_features
+    from turngym.trainers.archer.encoder import tree_features
     from turngym.trainers.sequences import pack_batch
 
     policy = NonsenseFirst(build_tiny_model(tiny_tokenizer), tiny_tokenizer, generation_dtype=torch.float32)
@@ -147,7 +138,7 @@ def test_tree_features_match_a_whole_forward_of_every_episode(tiny_tokenizer):
 
 
 def test_acting_headroom_by_hand():
-    from turngym.trainers.hierarchy import acting_headroom
+    from turngym.trainers.archer.hierarchy import acting_headroom
 
     # state A: own 0, a runner-up 1 -> +1; state B: own 1, runner-up 0 -> nothing to gain
     assert acting_headroom([0.0, 1.0, 1.0, 0.0], [[0, 1], [2, 3]]) == {"gain": 0.5, "better": 1.0, "states": 2.0}

@@ -32,8 +32,8 @@ def _config(tmp_path: Path, tokenizer) -> Path:
     cfg = {
         "model": f"hf:{model_dir}", "algo": "archer", "env_id": "tests/Guess-v0", "env_kwargs": {}, "train_split": "",
         "sft": {"episodes": 2, "epochs": 1, "batch_size": 2, "autocast": "none"},
-        "archer": {"iterations": 3, "episodes_per_iter": 2, "num_envs": 2, "max_new_tokens": 6, "critic_updates": 2,
-                   "critic_warmup": 0, "autocast": "none", "reward": ["env", "format"]},
+        "archer": {"iterations": 3, "episodes_per_iter": 2, "num_envs": 2, "max_new_tokens": 6, "critic_epochs": 2,
+                   "critic_states": 4, "actor_states": 2, "warmup_iters": 0, "critic_encoder": "reference", "autocast": "none", "reward": ["env", "format"]},
         "eval": {"episodes": 2, "split": "", "max_new_tokens": 6, "num_envs": 2,
                  "allow_train_overlap": True},  # the toy env has no splits: its held-out tasks are its training tasks
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from turngym.trainers.archer import _alone  # how ArCHer's memory keeps a single turn
+from turngym.trainers.archer.awr import alone as _alone  # how a plug-in's memory keeps a single turn
 from turngym.trainers.sequences import nest_turns, pack_batch, score
 from turngym.types import TokenRecord, Trajectory, Turn
 

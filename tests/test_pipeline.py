@@ -21,8 +21,8 @@ def test_train_path_end_to_end_and_resume(tmp_path, tiny_tokenizer):
         model=f"hf:{model_dir}", algo="archer", env_id="tests/Guess-v0", env_kwargs={}, train_split="",
         output_dir=str(tmp_path / "run"),
         sft=SFTConfig(episodes=2, epochs=1, batch_size=2, autocast="none"),
-        archer=ArcherConfig(iterations=1, episodes_per_iter=2, num_envs=2, max_new_tokens=6, critic_updates=2,
-                            critic_warmup=0, autocast="none"),
+        archer=ArcherConfig(iterations=1, episodes_per_iter=2, num_envs=2, max_new_tokens=6, critic_epochs=2,
+                            critic_states=4, actor_states=2, warmup_iters=0, critic_encoder="reference", autocast="none"),
         eval=EvalConfig(episodes=2, split="", max_new_tokens=6, num_envs=2, zero_shot=True,
                         allow_train_overlap=True),  # the toy env has no splits: held-out tasks are training tasks
     )

@@ -1,4 +1,4 @@
-"""The critic's reply features for prompts that grow turn by turn (``critic_encoder.PromptFeatures``):
+"""The critic's reply features for prompts that grow turn by turn (``archer.encoder.PromptFeatures``):
 the same hidden states a whole forward over prompt + reply gives, each prompt's forward run only past
 the longest earlier prompt it extends, and the keys and values it keeps never written."""
 
@@ -9,7 +9,7 @@ import torch
 from fixtures_model import build_tiny_model
 from torch.testing import assert_close
 
-from turngym.trainers.critic_encoder import PromptFeatures
+from turngym.trainers.archer.encoder import PromptFeatures
 from turngym.trainers.sequences import backbone_and_head
 
 

@@ -322,7 +322,7 @@ def test_release_memory_gives_freed_heap_pages_back():
     assert len(survivor) == 4096
 
 
-def test_demo_seeds_choose_different_training_tasks_and_the_rl_stage_must_agree():
+def test_demo_draws_choose_different_training_tasks_and_the_rl_stage_replays_the_same():
     from turngym.train import TrainConfig
     from turngym.rollout.schedule import demo_task_ids
     from turngym.trainers.sft import SFTConfig
@@ -332,8 +332,12 @@ def test_demo_seeds_choose_different_training_tasks_and_the_rl_stage_must_agree(
     subsets = [demo_task_ids(tasks, 8, s) for s in (0, 1, 2)]
     assert all(len(set(s)) == 8 for s in subsets) and len({tuple(s) for s in subsets}) == 3
     assert demo_task_ids(tasks, 8, 1) == subsets[1]  # deterministic
-    with pytest.raises(ValueError, match="branch.demo_seed"):
-        TrainConfig(sft=SFTConfig(demo_seed=1))  # the quickstart's branch stage replays 8 demonstrations
+    # one seed: the run's seed draws the demonstrations, and the RL stage replays what SFT chose
+    cfg = TrainConfig(seed=2, sft=SFTConfig(demos="drawn")).with_seeds()
+    assert cfg.sft.demo_choice() == {"seed": 2, "demo_seed": 2, "pool": 0}
+    assert TrainConfig().with_seeds().sft.demo_choice() == {"seed": 0, "demo_seed": -1, "pool": 0}
+    with pytest.raises(ValueError, match="demos"):
+        SFTConfig(demos="random")
 
 
 def test_a_demo_pool_keeps_the_demonstrations_of_a_grown_training_split():
@@ -349,17 +353,17 @@ def test_a_demo_pool_keeps_the_demonstrations_of_a_grown_training_split():
     cfg = TrainConfig(train_env_kwargs={"num_games": 512})
     assert train_env_kwargs(cfg) == {"tool_format": "xml", "num_games": 512, "split": "train"}
     assert cfg.env_kwargs == {"tool_format": "xml"}  # the held-out evaluation keeps its own
-    with pytest.raises(ValueError, match="branch.demo_pool=0 and sft.demo_pool=128"):
-        TrainConfig(sft=SFTConfig(demo_pool=128))  # the quickstart's branch stage replays the SFT stage's
+    # the branch stage replays the SFT stage's choice: one knob, nothing to keep in agreement
+    assert TrainConfig(sft=SFTConfig(demo_pool=128)).with_seeds().sft.demo_choice()["pool"] == 128
     with pytest.raises(ValueError, match="demo_pool must be >= 0"):
         SFTConfig(demo_pool=-1)
 
 
 def test_an_arm_acting_with_its_critic_is_reported_beside_its_actor(tmp_path, tiny_tokenizer):
     cfg = _tiny_base(tmp_path, tiny_tokenizer, "archer", "archer: {iterations: 1, episodes_per_iter: 2, num_envs: 2, "
-                     "max_new_tokens: 6, critic_updates: 2, critic_warmup: 0, autocast: none}")
+                     "max_new_tokens: 6, critic_epochs: 2, critic_states: 4, actor_states: 2, warmup_iters: 0, critic_encoder: reference, autocast: none}")
     out = tmp_path / "protocol"
-    report = _protocol(["--config", str(cfg), "--arm", "sft", "--arm", "archer:eval.critic_guided=2", "--seeds", "0",
+    report = _protocol(["--config", str(cfg), "--arm", "sft", "--arm", "archer:acting.k=2", "--seeds", "0",
                         "--games", "3", "--samples", "0", "--baseline", "archer", "--out", str(out), "--quiet"])
     assert set(report["finals"]) == {"sft", "archer", "archer+critic"}
     guided, actor = report["finals"]["archer+critic"][0], report["finals"]["archer"][0]
@@ -368,6 +372,6 @@ def test_an_arm_acting_with_its_critic_is_reported_beside_its_actor(tmp_path, ti
     assert "vs_archer" in report["table"]["archer+critic"]["per_seed"][0]  # paired with the actor alone
     curve = report["curves"]["archer+critic"][0]
     assert curve[-1]["iteration"] == 1 and curve[-1]["success"] == guided["success"]
-    with pytest.raises(SystemExit, match="--arm rloo: eval.critic_guided=2: algo=rloo trains no utterance critic"):
-        _protocol(["--config", str(cfg), "--arm", "sft", "--arm", "rloo:eval.critic_guided=2", "--seeds", "0",
+    with pytest.raises(SystemExit, match="--arm rloo: acting.k=2: algo=rloo trains no utterance critic"):
+        _protocol(["--config", str(cfg), "--arm", "sft", "--arm", "rloo:acting.k=2", "--seeds", "0",
                    "--games", "3", "--samples", "0", "--out", str(tmp_path / "bad"), "--quiet"])

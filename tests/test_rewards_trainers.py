@@ -50,7 +50,9 @@ def test_grpo_trains_on_gated_shaping(policy, tmp_path):
 
 def test_archer_trains_on_spa_with_gating(policy, tmp_path):
     spa = {"name": "spa", "dim": 256, "updates": 5, "bonus": 0.05}
-    cfg = ArcherConfig(critic_updates=2, critic_warmup=0, reward=[{"name": "gated", "tau": 1.0, "step": [spa]}], **SMALL)
+    small = {k: v for k, v in SMALL.items() if k != "minibatch_size"}
+    cfg = ArcherConfig(critic_epochs=2, critic_states=4, actor_states=2, warmup_iters=0, critic_encoder="reference",
+                       reward=[{"name": "gated", "tau": 1.0, "step": [spa]}], **small)
     trainer = ArcherTrainer(policy, ENV, cfg, out_dir=tmp_path)
     rows = trainer.train(progress=False)
     assert "critic/q_loss" in rows[0]

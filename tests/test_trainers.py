@@ -19,11 +19,27 @@ ENV = "tests/Guess-v0"
 
 
 def _archer_cfg(**kw):
-    """ArCHer's on-policy variant (sampled episodes, PPO actor): tree rollouts are tested in test_archer."""
-    base = dict(iterations=2, episodes_per_iter=4, num_envs=4, max_new_tokens=12, critic_updates=4,
-                critic_warmup=0, kl_coef=0.01, minibatch_size=2, checkpoint_every=1, collect="sample",
-                actor_loss="ppo", critic_gate=0.0, v_target="buffer_action")
+    """ArCHer as the paper runs it, in a test's sizes (its pieces are tested in test_archer)."""
+    base = dict(iterations=2, episodes_per_iter=4, num_envs=4, max_new_tokens=12, critic_epochs=4, critic_states=6,
+                critic_batch_size=4, actor_states=2, warmup_iters=0, critic_encoder="top:1", critic_window=8,
+                trainable="all", checkpoint_every=1, autocast="none")
     return ArcherConfig(**{**base, **kw})
+
+
+class _LengthReward:
+    """Rewards that differ from one reply to the next (by their ids), so critic-free advantages are never all 0."""
+
+    def __call__(self, trajectories):
+        return [[(sum(t.action_ids(k)) % 7) / 10 for k in range(len(t.turns))] for t in trajectories]
+
+
+def _pg_cfg(**kw):
+    from turngym.rewards import register_reward
+
+    register_reward("test_length", _LengthReward)
+    base = dict(algo="reinforce", iterations=2, episodes_per_iter=4, group_size=1, num_envs=4, max_new_tokens=12,
+                minibatch_size=2, checkpoint_every=1, reward=["env", "test_length"])
+    return PGConfig(**{**base, **kw})
 
 
 def test_packed_scoring_matches_the_model_and_the_recorded_logprobs(policy):
@@ -81,15 +97,14 @@ def test_archer_smoke_logs_changes_params_and_resumes_exactly(policy, tiny_token
 def test_resume_reproduces_the_next_batch_after_a_kill_mid_iteration(policy, tiny_tokenizer, tmp_path):
     from turngym.agents.hf import HFPolicy
 
-    cfg = _archer_cfg(iterations=2)
-    a = ArcherTrainer(policy, ENV, cfg, out_dir=tmp_path / "a")
+    a = PGTrainer(policy, ENV, _pg_cfg(iterations=2), out_dir=tmp_path / "a")
     a.train(progress=False)
     shutil.copytree(tmp_path / "a" / "checkpoint", tmp_path / "ckpt_after_2")
-    a.cfg = _archer_cfg(iterations=3)
+    a.cfg = _pg_cfg(iterations=3)
     trajs_a = _next_batch(a)
     # a second process that died mid-iteration 3 (nothing saved past the checkpoint) resumes:
-    b = ArcherTrainer(HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer), ENV, _archer_cfg(iterations=3),
-                      out_dir=tmp_path / "b")
+    b = PGTrainer(HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer), ENV, _pg_cfg(iterations=3),
+                  out_dir=tmp_path / "b")
     b.setup()
     b.load(tmp_path / "ckpt_after_2")
     assert b.iteration == a.iteration == 2
@@ -101,7 +116,7 @@ def _next_batch(trainer):
     from turngym.rollout import task_schedule
 
     cfg = trainer.cfg
-    specs = task_schedule(trainer.task_ids, cfg.episodes_per_iter, cfg.seed, trainer.iteration)
+    specs = task_schedule(trainer.task_ids, cfg.episodes_per_iter, trainer.seed, trainer.iteration)
     return trainer.collector.collect(trainer.env, specs, cfg.sampling(trainer.iteration), num_envs=cfg.num_envs)[0]
 
 
@@ -136,10 +151,12 @@ def test_sft_lowers_the_expert_nll(policy):
     assert first["sft/episodes"] == 4 and again["sft/loss"] < first["sft/loss"]
 
 
-@pytest.mark.parametrize("trainable", ["lora", "top:1"])
-def test_trainable_switches_train_only_what_they_say(policy, tmp_path, trainable):
-    # ArCHer: its critic gives non-zero advantages even when every episode earns the same reward
-    trainer = ArcherTrainer(policy, ENV, _archer_cfg(iterations=1, trainable=trainable, actor_lr=1e-2), out_dir=tmp_path)
+@pytest.mark.parametrize("algo,trainable", [("reinforce", "lora"), ("archer", "top:1")])
+def test_trainable_switches_train_only_what_they_say(policy, tmp_path, algo, trainable):
+    if algo == "archer":  # its critic gives non-zero advantages even when every episode earns the same reward
+        trainer = ArcherTrainer(policy, ENV, _archer_cfg(iterations=1, trainable=trainable, actor_lr=1e-2), out_dir=tmp_path)
+    else:
+        trainer = PGTrainer(policy, ENV, _pg_cfg(iterations=1, trainable=trainable, actor_lr=1e-2), out_dir=tmp_path)
     trainer.setup()
     names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
     if trainable == "lora":
@@ -153,9 +170,9 @@ def test_trainable_switches_train_only_what_they_say(policy, tmp_path, trainable
     assert all(torch.equal(frozen_before[n], p) for n, p in trainer.model.named_parameters() if n in frozen_before)
 
 
-def test_archer_with_async_collection_bounds_staleness(policy, tmp_path):
-    cfg = _archer_cfg(iterations=3, async_staleness=1, env_workers="thread", actor_lr=1e-2, checkpoint_every=0)
-    trainer = ArcherTrainer(policy, ENV, cfg, out_dir=tmp_path)
+def test_async_collection_bounds_staleness(policy, tmp_path):
+    cfg = _pg_cfg(iterations=3, async_staleness=1, env_workers="thread", actor_lr=1e-2, checkpoint_every=0)
+    trainer = PGTrainer(policy, ENV, cfg, out_dir=tmp_path)
     trainer.setup()
     before = _params(trainer.model)
     rows = trainer.train(progress=False)
@@ -172,17 +189,8 @@ def test_async_collection_refuses_groups(policy, tmp_path):
         PGTrainer(policy, ENV, cfg, out_dir=tmp_path).train(progress=False)
 
 
-def test_archer_td_advantage_updates_the_actor(policy, tmp_path):
-    trainer = ArcherTrainer(policy, ENV, _archer_cfg(iterations=1, advantage="td", actor_lr=1e-2), out_dir=tmp_path)
-    trainer.setup()
-    before = _params(trainer.model)
-    row = trainer.step()
-    assert row["actor/active"] == 1.0 and "adv/std" in row
-    assert any(not torch.equal(before[n], p) for n, p in _params(trainer.model).items())
-
-
-def test_archer_groups_replay_each_task_from_the_same_reset(policy, tmp_path):
-    trainer = ArcherTrainer(policy, ENV, _archer_cfg(iterations=1, group_size=2), out_dir=tmp_path)
+def test_groups_replay_each_task_from_the_same_reset(policy, tmp_path):
+    trainer = PGTrainer(policy, ENV, _pg_cfg(algo="grpo", iterations=1, group_size=2), out_dir=tmp_path)
     trainer.setup()
     played, collect = [], trainer.collect
     trainer.collect = lambda specs, group_size=1: played.append((list(specs), group_size)) or collect(specs, group_size)
@@ -191,14 +199,14 @@ def test_archer_groups_replay_each_task_from_the_same_reset(policy, tmp_path):
     assert group_size == 2 and len(specs) == 4 and row["rollout/env_steps"] > 0
     assert specs[0] == specs[1] and specs[2] == specs[3]  # same task and reset seed within a group
     with pytest.raises(ValueError, match="multiple of group_size"):
-        _archer_cfg(group_size=3)
+        _pg_cfg(algo="grpo", group_size=3)
 
 
 def test_actor_lr_warms_up_from_the_optimizer_step_count(policy, tmp_path):
-    cfg = _archer_cfg(iterations=1, actor_lr=1e-3, actor_warmup_steps=10)  # 4 episodes, minibatches of 2
-    trainer = ArcherTrainer(policy, ENV, cfg, out_dir=tmp_path)
+    cfg = _pg_cfg(iterations=1, actor_lr=1e-3, actor_warmup_steps=10)  # 4 episodes, minibatches of 2
+    trainer = PGTrainer(policy, ENV, cfg, out_dir=tmp_path)
     trainer.setup()
     trainer.step()
     assert trainer.actor_opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 2 / 10)  # the 2nd of 10 steps
     with pytest.raises(ValueError, match="actor_warmup_steps"):
-        _archer_cfg(actor_warmup_steps=-1)
+        _pg_cfg(actor_warmup_steps=-1)

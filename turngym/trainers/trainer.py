@@ -103,7 +103,7 @@ class OnlineConfig:
                                          "screen_every iterations each training task is played once greedily, and "
                                          "groups go to the tasks greedy decoding fails (weight 1; solved ones 0.1) "
                                          "(synchronous collection, one process)")
-    screen_every: int = knob(4, "task_sampling=greedy_failed: iterations between greedy screens of every training task")
+    screen_every: int = knob(3, "task_sampling=greedy_failed: iterations between greedy screens of every training task")
     seed: int | None = knob(None, "seeds task order, sampling and minibatches (None: the run's seed, else 0)")
     checkpoint_every: int = knob(1, "iterations between checkpoints (0 = only at the end)")
     time_budget_s: float = knob(0.0, "stop after the iteration whose training seconds (collect + update, "

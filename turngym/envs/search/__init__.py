@@ -17,6 +17,14 @@ register(
     description="The synthetic encyclopedia at 8x the size: about 650 questions, 130 of them held out",
 )
 register(
+    "turngym/Search-synthetic-large-v1",
+    entry_point="turngym.envs.search.env:SearchEnv",
+    kwargs={"suite": "synthetic", "n_people": 320, "n_companies": 192, "split_by": "entity"},
+    max_turns=12,
+    description="The large encyclopedia held out by knowledge: a quarter of its people, and every question "
+                "about them, are test only",
+)
+register(
     "turngym/Search-hotpotqa-v0",
     entry_point="turngym.envs.search.env:SearchEnv",
     kwargs={"suite": "hotpotqa"},

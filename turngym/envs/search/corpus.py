@@ -54,6 +54,7 @@ class QATask:
     answer: str
     gold_titles: tuple[str, ...]
     qtype: str
+    entity: str = ""  # the person the question is about (the synthetic suite): held-out splits by knowledge use it
 
 
 @dataclass
@@ -133,15 +134,16 @@ def synthetic_suite(seed: int = 0, n_people: int = 40, n_companies: int = 24) ->
 def _synthetic_questions(suite, rng, birth, founders, city_country, capitals, city_river) -> None:
     qs = []
     for co, p in founders.items():
-        qs.append(("founder-birthplace", f"In which city was the founder of {co} born?", birth[p][0], (co, p)))
-        qs.append(("founder-birthyear", f"In what year was the founder of {co} born?", str(birth[p][1]), (co, p)))
+        qs.append(("founder-birthplace", f"In which city was the founder of {co} born?", birth[p][0], (co, p), p))
+        qs.append(("founder-birthyear", f"In what year was the founder of {co} born?", str(birth[p][1]), (co, p), p))
     for p, (city, _, _) in list(birth.items())[::2]:
-        qs.append(("birthplace-river", f"Which river flows through the city where {p} was born?", city_river[city], (p, city)))
+        qs.append(("birthplace-river", f"Which river flows through the city where {p} was born?", city_river[city], (p, city), p))
         k = city_country[city]
         if capitals[k] != city:
-            qs.append(("birthplace-capital", f"What is the capital of the country where {p} was born?", capitals[k], (p, city, k)))
-    for i, (qtype, q, a, gold) in enumerate(qs):
-        suite.tasks.append(QATask(f"{qtype}-{i:03d}", q, a, tuple(gold), qtype))
+            qs.append(("birthplace-capital", f"What is the capital of the country where {p} was born?", capitals[k],
+                       (p, city, k), p))
+    for i, (qtype, q, a, gold, person) in enumerate(qs):
+        suite.tasks.append(QATask(f"{qtype}-{i:03d}", q, a, tuple(gold), qtype, person))
 
 
 def read_hotpot_records(path: Path) -> list[dict]:

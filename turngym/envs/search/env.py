@@ -42,6 +42,13 @@ def load_suite(suite: str, seed: int = 0, data_dir: str | None = None, hotpot_fi
     raise ValueError(f"unknown search suite {suite!r}; choose 'synthetic' or 'hotpotqa'")
 
 
+def task_split(task: QATask, split_by: str = "question") -> str:
+    """``train`` or ``test``: by a hash of the question's id, or (``entity``) of its person's name."""
+    if split_by == "entity":
+        return split_of(f"entity:{task.entity}", test_fraction=0.25)
+    return split_of(task.task_id)
+
+
 class SearchEnv(TextEnv):
     """Multi-hop question answering with search / open / answer tools; reward = EM or F1."""
 
@@ -61,6 +68,7 @@ class SearchEnv(TextEnv):
         default_k: int = 3,
         n_people: int = 40,
         n_companies: int = 24,
+        split_by: str = "question",
         **kw: Any,
     ) -> None:
         """Args:
@@ -74,6 +82,9 @@ class SearchEnv(TextEnv):
             default_k: Results per search when the agent gives no ``k``.
             n_people: People in the synthetic encyclopedia (more people and companies: more questions).
             n_companies: Companies in the synthetic encyclopedia.
+            split_by: ``question`` (a hash of the question id) or ``entity`` (of the person the
+                question is about, a quarter of them held out: no test question's pages answer a
+                training question, so a held-out score measures search, not recall).
         """
         super().__init__(**kw)
         if split not in ("train", "test", "all"):
@@ -82,7 +93,9 @@ class SearchEnv(TextEnv):
             raise ValueError(f"reward must be 'em' or 'f1', got {reward!r}")
         self.suite_name, self.split, self.reward_kind, self.default_k = suite, split, reward, default_k
         self.qa = load_suite(suite, seed, data_dir, hotpot_file, {"n_people": n_people, "n_companies": n_companies})
-        self.tasks = {t.task_id: t for t in self.qa.tasks if split == "all" or split_of(t.task_id) == split}
+        if split_by not in ("question", "entity") or (split_by == "entity" and suite != "synthetic"):
+            raise ValueError(f"split_by must be question, or entity for the synthetic suite, got {split_by!r}")
+        self.tasks = {t.task_id: t for t in self.qa.tasks if split == "all" or task_split(t, split_by) == split}
         self.task_ids = list(self.tasks)
         if backend == "bm25":
             self.backend = BM25Backend(self.qa.docs, self.qa.digest())

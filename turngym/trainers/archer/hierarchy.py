@@ -65,8 +65,7 @@ class HierarchyConfig:
                                 "{num_games: 256} on TextWorld: more training tasks than the RL stage played")
     gate: float = knob(0.75, "the critic acts only when its cross-fitted sibling AUC is at least this (0: always)")
     seed: int | None = knob(None, "seeds the screen's task order and the critic's minibatches (None: the run's seed)")
-    dump_tree: bool = knob(False, "also write the critic's tree (episodes, features, returns, sibling groups) to "
-                                  "hierarchy/tree0.pt, for offline critic probes (scripts/sibling_probe.py --dump)")
+
 
     def __post_init__(self) -> None:
         if self.tasks < 0 or self.points < 1 or self.width < 1:
