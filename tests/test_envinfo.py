@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import turngym
 from turngym.rollout import env_info
-from turngym.rollout.envinfo import task_groups
+from turngym.envs.info import task_groups
 from turngym.tools.formats import format_stops
 from turngym.types import Turn, action_valid
 

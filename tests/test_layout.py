@@ -1,4 +1,4 @@
-"""The house rules of DESIGN.md, checked on the source: imports run one way down the rooms, and no
+"""The house rules of docs/layout.md, checked on the source: imports run one way down the rooms, and no
 modules import each other in a circle.
 
 Every ``import`` in every module under ``turngym/`` counts, including the ones inside functions
@@ -14,7 +14,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "turngym"
 
-# DESIGN.md's rooms, lowest first. A module may import its own room and any room below it.
+# docs/layout.md's rooms, lowest first. A module may import its own room and any room below it.
 ROOMS = [("types", "config", "clock"), ("data", "tools"), ("envs",), ("integrations",), ("agents",), ("rollout",),
          ("rewards",), ("trainers",), ("bench",), ("train",), ("protocol",), ("cli",)]
 RANK = {room: i for i, group in enumerate(ROOMS) for room in group}
@@ -58,7 +58,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
             dst = room_of(dep)
             if src is None or dst is None:
                 continue
-            assert src in RANK and dst in RANK, f"{mod} or {dep} is in no room of DESIGN.md"
+            assert src in RANK and dst in RANK, f"{mod} or {dep} is in no room of docs/layout.md"
             if RANK[dst] > RANK[src]:
                 bad.append((mod, dep))
     return sorted(bad)

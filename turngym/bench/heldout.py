@@ -4,7 +4,7 @@ split before any training runs, and the plot of held-out success per stage.
 Two checks, both cheap next to training:
 
 - by id: a test task id that is also a training task id (an env that ignores ``split=``);
-- by content: a test task whose opening (``rollout.envinfo.task_openings``: the reset observation
+- by content: a test task whose opening (``envs.info.task_openings``: the reset observation
   under a fixed seed, and the oracle's first move when the env has one) equals a training task's.
   That catches the same task under another name. A fingerprint several tasks of one split share
   tells nothing (e.g. Wordle: every game opens alike and the secret is hidden), so it is left out.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from turngym.rollout.envinfo import env_info, task_openings
+from turngym.envs.info import env_info, task_openings
 
 
 @dataclass

@@ -23,7 +23,8 @@ from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate
 from turngym.bench.metrics import (bootstrap_diff, cluster_bootstrap_diff, paired_comparison, seed_t_interval,
                                    wilson_interval)
-from turngym.rollout import Collector, envinfo
+from turngym.envs import info as envinfo
+from turngym.rollout import Collector
 
 BASELINES = ("sft", "sft_continued")
 

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from turngym.agents.base import Policy, SamplingParams
 from turngym.bench.suites import SuiteEntry, get_suite
 from turngym.rollout import Collector, EnvTarget, EpisodeSpec, env_info, episode_specs
-from turngym.rollout.envinfo import check_reset
+from turngym.envs.info import check_reset
 from turngym.rollout.handles import exit_with_parent
 
 LOG_NAME, CONFIG_NAME = "episodes.jsonl", "config.json"

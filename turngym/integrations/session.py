@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turngym.envs.registry import make
-from turngym.types import Message, ToolCall
+from turngym.types import Message, ToolCall, action_valid
 
 
 def require(module: str, extra: str, what: str) -> Any:
@@ -118,7 +118,7 @@ class ToolCallSession:
         self.done = bool(terminated or truncated)
         return CallResult(
             text=join(obs), messages=list(obs), reward=float(reward), terminated=bool(terminated),
-            truncated=bool(truncated), action_valid=bool(info.get("action_valid", True)), info=info,
+            truncated=bool(truncated), action_valid=action_valid(info), info=info,
         )
 
     @property

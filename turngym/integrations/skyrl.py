@@ -22,7 +22,7 @@ from typing import Any
 
 from turngym.envs.registry import list_envs, make
 from turngym.integrations.session import registered_spec, require
-from turngym.types import Message
+from turngym.types import Message, action_valid
 
 skyrl_gym = require("skyrl_gym", "skyrl", "turngym.integrations.skyrl")
 
@@ -74,7 +74,7 @@ class TurngymTextEnv(BaseTextEnv):
         self.turns += 1
         self.done = bool(terminated or truncated)
         self.episode_return += float(reward)
-        self.invalid_actions += not info.get("action_valid", True)
+        self.invalid_actions += not action_valid(info)
         meta = {k: info[k] for k in ("action_valid", "state_key", "outcome", "truncated_reason") if k in info}
         meta.update(task_id=self.task_id, terminated=bool(terminated), truncated=bool(truncated))
         return BaseTextEnvStepOutput(observations=as_chat(obs), reward=float(reward), done=self.done,

@@ -25,6 +25,7 @@ import inspect
 import re
 from typing import Any, Callable, Literal
 
+from turngym.envs.info import env_info
 from turngym.envs.registry import make
 from turngym.integrations.session import ToolCallSession, join, require
 from turngym.types import ToolSpec
@@ -118,9 +119,7 @@ def task_dataset(env_id: str, *, environment: str | None = None, **env_kwargs: A
         **env_kwargs: Constructor overrides; pass the same ``split`` as to ``environment_factory``.
     """
     datasets = require("datasets", "trl", "task_dataset")
-    env = make(env_id, **env_kwargs)
-    task_ids = [str(t) for t in env.unwrapped.task_ids]
-    env.close()
+    task_ids = [str(t) for t in env_info(env_id, **env_kwargs).task_ids]  # probed once per id and kwargs
     rows: dict[str, list] = {"prompt": [[{"role": "user", "content": ""}] for _ in task_ids], "task_id": task_ids}
     if environment is not None:
         rows["environment"] = [environment] * len(task_ids)

@@ -12,7 +12,7 @@ call ``rollout`` directly.
 from turngym.rollout import ray_env  # noqa: F401  (registers the "ray" env-handle kind; imports no Ray)
 from turngym.rollout.async_rollout import AsyncCollector, async_rollout
 from turngym.rollout.collector import Collector, EnvTarget, rollout_metrics
-from turngym.rollout.envinfo import EnvInfo, env_info
+from turngym.envs.info import EnvInfo, env_info
 from turngym.rollout.episode import EpisodeSpec, episode_specs, make_env_factory
 from turngym.rollout.handles import EnvCrashed, EnvHandle, LocalEnv, SubprocessEnv, describe_env, make_handle
 from turngym.rollout.pool import EnvPools

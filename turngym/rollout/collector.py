@@ -33,7 +33,7 @@ from typing import Any, Iterable
 from turngym.agents.base import SamplingParams
 from turngym.rollout.async_rollout import AsyncCollector
 from turngym.rollout.branching import Tree, branch_search, tree_rollout
-from turngym.rollout.envinfo import EnvInfo, env_info
+from turngym.envs.info import EnvInfo, env_info
 from turngym.rollout.episode import EpisodeSpec, episode_specs, make_env_factory
 from turngym.rollout.pool import EnvPools
 from turngym.rollout.schedule import TaskSchedule, demo_task_ids

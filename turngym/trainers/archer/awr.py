@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from turngym.config import knob
+from turngym.rewards.format import action_status
 from turngym.trainers.archer.encoder import cat_rows, select_rows
 from turngym.trainers.archer.plugins import Plugin, register_plugin
 from turngym.types import Trajectory
@@ -118,7 +119,7 @@ class AWR(Plugin):
             groups.append(list(range(start, start + len(e["turns"]))))
             start += len(e["turns"])
         logp = torch.cat([e["logp"] for e in self.memory])
-        valid = torch.tensor([t.turns[0].action_valid for e in self.memory for t in e["turns"]])
+        valid = torch.tensor([action_status(t.turns[0]) == "valid" for e in self.memory for t in e["turns"]])
         margins = sibling_margins(logp, adv, groups, valid)  # a reply the env rejected is never a target
         targets = [[r for r in g if valid[r]] for g in groups]
         w = sibling_awr_weights(logp, adv, targets, self.cfg.beta)
