@@ -206,21 +206,21 @@ def test_the_actor_gets_min_q_minus_min_v_of_a_fresh_reply_at_buffer_states(poli
     sampled, seen = [], {}
     replies = trainer.sample_replies
 
-    def spy_replies(prompts, offset=0):
-        out = replies(prompts, offset)
+    def spy_replies(prompts, offset=0, groups=None):
+        out = replies(prompts, offset, groups)
         sampled.append((prompts, out))
         return out
 
     monkeypatch.setattr(trainer, "sample_replies", spy_replies)
-    monkeypatch.setattr(trainer.encoder, "replies", lambda prompts, ids: (
+    monkeypatch.setattr(trainer.encoder, "replies", lambda prompts, ids, groups=None: (
         torch.full((len(ids), 2), 1000.0), torch.tensor([[float(len(a)), 0.0] for a in ids])))
     trainer.critic = probe
     monkeypatch.setattr(archer_core, "actor_update", lambda model, opt, batch, token_adv, *a, **kw: seen.update(
         batch=batch, adv=token_adv) or {"actor/pg_loss": 0.0})
     trainer.update_actor()
     prompts, gens = sampled[-1]
-    assert len(prompts) == trainer.cfg.actor_states and all(p in [trainer.buffer.prompt(i) for i in range(len(trainer.buffer))]
-                                                            for p in prompts)
+    held = [trainer.buffer.prompt(i) for i in range(len(trainer.buffer))]
+    assert len(prompts) >= trainer.cfg.actor_states and all(p in held for p in prompts)  # whole episodes of the buffer
     # min(Q1, Q2) = min(n, 2n - 100) = 2n - 100 for a reply of n tokens; min(V1, V2) = min(0.25, 1000) = 0.25
     expect = [2 * len(g.action_ids) - 100 - 0.25 for g in gens if g.action_ids]
     batch = seen["batch"]
@@ -239,8 +239,31 @@ def test_v_targets_read_fresh_replies_sampled_at_buffer_states(policy, tmp_path,
     monkeypatch.setattr(trainer, "fit_critic", lambda c, tg, o, pool: seen.update(pool=pool) or fit(c, tg, o, pool))
     trainer.update_critic()
     pool = seen["pool"]
-    assert pool["reward"].shape[0] == trainer.cfg.critic_states
+    assert pool["reward"].shape[0] >= trainer.cfg.critic_states  # whole episodes, at least that many states
     assert pool["fresh_sa"][0].shape == pool["sa"][0].shape  # a' encoded as the recorded replies are
+
+
+def test_an_episodes_states_share_their_prefix_and_give_what_one_record_each_gives(policy, tmp_path):
+    trainer = ArcherTrainer(policy, ENV, _cfg(), out_dir=tmp_path)
+    trainer.setup()
+    trainer.step()
+    episodes = trainer.buffer.sample_episodes(6)
+    prompts = [trainer.buffer.prompt(i) for g in episodes for i in g]
+    groups, start = [], 0
+    for g in episodes:
+        groups.append(list(range(start, start + len(g))))
+        start += len(g)
+    assert any(len(g) > 1 for g in groups)  # several states of one episode, each prompt extending the last
+    for g in groups:
+        assert all(prompts[b][: len(prompts[a])] == prompts[a] for a, b in zip(g, g[1:]))
+    alone = trainer.sample_replies(prompts, offset=7)
+    shared = trainer.sample_replies(prompts, offset=7, groups=groups)
+    unique = [i for i, p in enumerate(prompts) if prompts.count(p) == 1]  # a repeated prompt's draws go by batch order
+    assert unique and [shared[i].action_ids for i in unique] == [alone[i].action_ids for i in unique]  # less prefill
+    ids = [g.action_ids for g in alone]
+    for a, b in zip(trainer.encoder.replies(prompts, ids), trainer.encoder.replies(prompts, ids, groups)):
+        assert_close(a[0], b[0], atol=1e-4, rtol=1e-4)  # the windows' states
+        assert torch.equal(a[1], b[1])  # and positions
 
 
 def test_a_resumed_run_continues_exactly(tiny_tokenizer, tmp_path):

@@ -222,13 +222,14 @@ class ArcherTrainer(IterativeTrainer):
         return Turns.build(tree, refs, s, sa, rewards)
 
     def add_turns(self, turns: Turns, rows: list[int]) -> None:
-        """Put the transitions of ``rows`` (flat turns) in the replay buffer."""
+        """Put the transitions of ``rows`` (flat turns) in the replay buffer, with their episodes."""
         if not rows:
             return
         index = torch.tensor(rows, dtype=torch.long)
         pick = lambda x: select_rows(x, index)  # noqa: E731
+        episodes = torch.tensor([self.iteration * 1_000_000 + turns.refs[i][0] for i in rows], dtype=torch.long)
         self.buffer.add(pick(turns.s), pick(turns.sa), turns.r[index], turns.done[index], pick(turns.next_s),
-                        [turns.prompts[i] for i in rows])
+                        [turns.prompts[i] for i in rows], episodes)
 
     # ----- 2. critic -----------------------------------------------------------------------------
     def update_critic(self) -> dict[str, float]:
@@ -244,20 +245,23 @@ class ArcherTrainer(IterativeTrainer):
         turns), each with one fresh reply a' ~ pi(s) of the actor as it stands (``fresh_sa``: V's
         target); None when there is none."""
         buf = self.buffer
-        parts, prompts = [], []
-        if len(buf):
-            rows = buf.sample_rows(self.cfg.critic_states)
+        parts, prompts, groups = [], [], []
+        if len(buf):  # whole episodes: their states share prefixes (ReplayBuffer.sample_episodes)
+            episodes = buf.sample_episodes(self.cfg.critic_states)
+            rows = torch.tensor([i for g in episodes for i in g], dtype=torch.long)
             parts.append({f: buf.get(f, rows) for f in ReplayBuffer.FIELDS})
             prompts += [buf.prompt(int(i)) for i in rows]
+            groups += _consecutive([len(g) for g in episodes])
         if extra is not None and extra[1]:
             turns, index = extra[0], torch.tensor(extra[1], dtype=torch.long)
             parts.append({f: select_rows(x, index) for f, x in zip(ReplayBuffer.FIELDS, turns.transitions())})
             prompts += [turns.prompts[i] for i in extra[1]]
+            groups += [[len(prompts) - len(extra[1]) + i] for i in range(len(extra[1]))]
         if not parts:
             return None
         pool = {f: cat_rows([p[f] for p in parts]) for f in ReplayBuffer.FIELDS}
-        fresh = [g.action_ids for g in self.sample_replies(prompts, offset=1)]
-        pool["fresh_sa"] = self.encoder.replies(prompts, fresh)[1]
+        fresh = [g.action_ids for g in self.sample_replies(prompts, offset=1, groups=groups)]
+        pool["fresh_sa"] = self.encoder.replies(prompts, fresh, groups)[1]
         return pool
 
     def fit_critic(self, critic: UtteranceCritic, target: UtteranceCritic, opt: torch.optim.Optimizer,
@@ -286,11 +290,12 @@ class ArcherTrainer(IterativeTrainer):
         each with a fresh reply a' of the actor as it stands, A from the critic (``critic.advantage``)."""
         cfg, sums = self.cfg, {}
         for epoch in range(cfg.actor_epochs):
-            rows = self.buffer.sample_rows(cfg.actor_states)
-            prompts = [self.buffer.prompt(int(i)) for i in rows]
-            gens = self.sample_replies(prompts, offset=2 + epoch)
+            episodes = self.buffer.sample_episodes(cfg.actor_states)
+            prompts = [self.buffer.prompt(i) for g in episodes for i in g]
+            groups = _consecutive([len(g) for g in episodes])
+            gens = self.sample_replies(prompts, offset=2 + epoch, groups=groups)
             with torch.no_grad():
-                adv = self.critic.advantage(*self.encoder.replies(prompts, [g.action_ids for g in gens]))
+                adv = self.critic.advantage(*self.encoder.replies(prompts, [g.action_ids for g in gens], groups))
             items, keep = [], []
             for i, (prompt, g) in enumerate(zip(prompts, gens)):
                 if g.action_ids:  # an empty reply has no token to move
@@ -318,13 +323,23 @@ class ArcherTrainer(IterativeTrainer):
                                kl_coef=0.0, ent_coef=0.0, autocast=cfg.autocast, old_logprobs="sampled")
 
     @torch.no_grad()
-    def sample_replies(self, prompts: list[list[int]], offset: int = 0) -> list[Any]:
+    def sample_replies(self, prompts: list[list[int]], offset: int = 0, groups: list[list[int]] | None = None) -> list[Any]:
         """One reply a' ~ pi(. | s) per prompt's ids, at the collection's temperature, from the actor
-        as it stands (``HFPolicy.generate``), with its ids and raw log-probs."""
-        out = []
-        for c in range(0, len(prompts), self.cfg.num_envs):
-            chunk = prompts[c : c + self.cfg.num_envs]
-            out += self.policy.generate(chunk, self.sampling(offset), [self.stops] * len(chunk), None, None)[0]
+        as it stands (``HFPolicy.generate``), with its ids and raw log-probs. ``groups``: rows whose
+        prompts extend one another in that order; each is sampled on the KV cache of the one before,
+        so an episode's history is prefilled once (the samples are the same as without)."""
+        groups = groups or [[i] for i in range(len(prompts))]
+        out: list[Any] = [None] * len(prompts)
+        caches: dict[int, Any] = {}
+        sampling = self.sampling(offset)
+        for depth in range(max((len(g) for g in groups), default=0)):  # the j-th state of every group at once
+            live = [(gi, g[depth]) for gi, g in enumerate(groups) if depth < len(g)]
+            for c in range(0, len(live), self.cfg.num_envs):
+                chunk = live[c : c + self.cfg.num_envs]
+                gens, new = self.policy.generate([prompts[i] for _, i in chunk], sampling, [self.stops] * len(chunk),
+                                                 [caches.get(gi) for gi, _ in chunk], None)
+                for (gi, i), g, cache in zip(chunk, gens, new):
+                    out[i], caches[gi] = g, cache
         return out
 
     @torch.no_grad()
@@ -363,3 +378,11 @@ class ArcherTrainer(IterativeTrainer):
         self.plugins.load_state_dict(st["plugins"])
         self.tasks.load_state_dict(st)
 
+
+def _consecutive(sizes: list[int]) -> list[list[int]]:
+    """Row groups of the given sizes laid end to end: ``[2, 1] -> [[0, 1], [2]]``."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(list(range(start, start + n)))
+        start += n
+    return out

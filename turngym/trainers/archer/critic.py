@@ -145,8 +145,8 @@ def td_loss(critic: UtteranceCritic, target: UtteranceCritic, b: dict, gamma: fl
 class ReplayBuffer:
     """A ring buffer of utterance transitions ``(s, a, r, done, s')``: each state's and
     state-action's features (or windows: the states ``(W, H)`` in the field itself, their ``(W,)``
-    positions in ``<field>_pos``), and each state's prompt token ids, from which the actor samples
-    fresh replies. Storage is allocated at the first ``add`` and doubles as it fills, up to
+    positions in ``<field>_pos``), each state's prompt token ids, from which the actor samples
+    fresh replies, and the episode each transition came from. Storage is allocated at the first ``add`` and doubles as it fills, up to
     ``capacity``; windows are kept in ``store_dtype``.
 
     Args:
@@ -168,12 +168,14 @@ class ReplayBuffer:
         return self.size
 
     def add(self, s: Features, sa: Features, reward: torch.Tensor, done: torch.Tensor, next_s: Features,
-            prompts: list[list[int]]) -> None:
-        """Append ``n`` transitions (each argument, or each part of a window, has leading size ``n``)."""
+            prompts: list[list[int]], episodes: torch.Tensor | None = None) -> None:
+        """Append ``n`` transitions (each argument, or each part of a window, has leading size ``n``;
+        ``episodes``: an id per transition, default one episode each)."""
         items: dict[str, torch.Tensor] = {}
         for f, x in zip(self.FIELDS, (s, sa, reward, done, next_s)):
             items.update({f: x[0], f + "_pos": x[1]} if isinstance(x, tuple) else {f: x})
         n = reward.shape[0]
+        items["episode"] = episodes if episodes is not None else torch.arange(self.ptr, self.ptr + n) + 2**40
         if len(prompts) != n:
             raise ValueError(f"{len(prompts)} prompts for {n} transitions")
         self._reserve(items, min(self.capacity, self.size + n))
@@ -211,6 +213,26 @@ class ReplayBuffer:
     def sample_rows(self, n: int) -> torch.Tensor:
         """``n`` row indices drawn uniformly with replacement (the official buffer's sampling)."""
         return torch.randint(0, self.size, (n,), generator=self.gen)
+
+    def sample_episodes(self, n: int) -> list[list[int]]:
+        """Whole episodes' rows, each episode's in turn order (its prompts grow), drawn until they hold
+        at least ``n`` transitions: an episode is drawn through one of its transitions, uniformly, so
+        with probability in proportion to its turns held. Why whole episodes: one episode's states
+        are prefixes of each other, so a fresh reply at each of them costs one forward over the
+        episode, not one per state (``ArcherTrainer.sample_replies``)."""
+        ids = self.data["episode"][: self.size]
+        groups, held, seen = [], 0, set()
+        for r in torch.randperm(self.size, generator=self.gen).tolist():
+            e = int(ids[r])
+            if e in seen:
+                continue
+            seen.add(e)
+            rows = sorted((ids == e).nonzero().flatten().tolist(), key=lambda i: len(self.prompts[i]))
+            groups.append(rows)
+            held += len(rows)
+            if held >= n:
+                break
+        return groups
 
     def prompt(self, i: int) -> list[int]:
         return self.prompts[i].tolist()

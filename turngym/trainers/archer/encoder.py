@@ -25,6 +25,7 @@ prefix it reproduces the reference's own final hidden state, the ``reference`` e
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections import OrderedDict
 from typing import Any
@@ -216,8 +217,14 @@ class TurnEncoder:
         return refs, stack_rows([parts[r][0] for r in refs]), stack_rows([parts[r][1] for r in refs])
 
     @torch.no_grad()
-    def replies(self, prompts: list[list[int]], replies: list[list[int]]) -> tuple[Any, Any]:
-        """phi(s), phi(s, a) of each reply's ids after its prompt's ids (one record each)."""
+    def replies(self, prompts: list[list[int]], replies: list[list[int]],
+                groups: list[list[int]] | None = None) -> tuple[Any, Any]:
+        """phi(s), phi(s, a) of each reply's ids after its prompt's ids. ``groups``: row indices whose
+        prompts extend one another in that order (one episode's states): the frozen model then runs
+        each group's prompt tokens once, on its keys and values, and each reply on the cache of its
+        prompt (``_group_features``); the rows outside every group are one record each."""
+        if groups:
+            return self._grouped(prompts, replies, groups)
         out_s, out_sa = [], []
         for c in range(0, len(prompts), self.chunk):
             items = []
@@ -243,6 +250,49 @@ class TurnEncoder:
         with autocast(self.ref, self.autocast_mode):
             s, sa = self._prompts(list(prompt), [list(r) for r in replies])
         return s.expand_as(sa), sa
+
+
+    def _grouped(self, prompts: list[list[int]], replies: list[list[int]], groups: list[list[int]]):
+        rows: dict[int, tuple] = {}
+        with autocast(self.ref, self.autocast_mode):
+            for g in groups:
+                rows.update(self._group_features(g, [prompts[i] for i in g], [replies[i] for i in g]))
+        order = sorted(rows)
+        if order != list(range(len(prompts))):
+            raise ValueError("groups must cover every row once")
+        return stack_rows([rows[i][0] for i in order]), stack_rows([rows[i][1] for i in order])
+
+    def _group_features(self, rows: list[int], prompts: list[list[int]], replies: list[list[int]]) -> dict:
+        """``row -> (phi(s), phi(s, a))`` of one group, its prompts run once on a growing cache (a prompt
+        that does not extend the one before starts a new cache)."""
+        backbone, _ = backbone_and_head(self.ref)
+        device = next(self.ref.parameters()).device
+        kv = cache_arg(backbone)
+        blocks = _only_blocks(backbone, 0, self.layer) if self.layer is not None else contextlib.nullcontext()
+        out, ids, states, cache = {}, [], [], None
+        with blocks:
+            for row, prompt, reply in zip(rows, prompts, replies):
+                if prompt[: len(ids)] != ids:  # not this cache's continuation
+                    ids, states, cache = [], [], None
+                new = prompt[len(ids):]
+                if new:
+                    run = backbone(input_ids=torch.tensor([new], device=device), use_cache=True,
+                                   position_ids=torch.arange(len(ids), len(prompt), device=device)[None], **{kv: cache})
+                    cache, ids = returned_cache(run), list(prompt)
+                    states.append(run.last_hidden_state[0].float())
+                reply = list(reply) or [self.pad_id]
+                run = backbone(input_ids=torch.tensor([reply], device=device), use_cache=True, **{kv: copy.deepcopy(cache)},
+                               position_ids=torch.arange(len(prompt), len(prompt) + len(reply), device=device)[None])
+                h = torch.cat([*states, run.last_hidden_state[0].float()])  # (len(prompt) + len(reply), H)
+                out[row] = self._at(h, len(prompt) - 1), self._at(h, len(h) - 1)
+        return out
+
+    def _at(self, h: torch.Tensor, end: int):
+        """The feature at position ``end`` of one sequence's states ``h`` (a window of them for top:K)."""
+        if self.layer is None:
+            return h[end]
+        states, pos = gather_windows(h[None], torch.tensor([[0, end]]), self.window)
+        return states[0], pos[0]
 
 
 def _row(x: Any, i: int):
