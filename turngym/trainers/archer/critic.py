@@ -145,9 +145,9 @@ def td_loss(critic: UtteranceCritic, target: UtteranceCritic, b: dict, gamma: fl
 class ReplayBuffer:
     """A ring buffer of utterance transitions ``(s, a, r, done, s')``: each state's and
     state-action's features (or windows: the states ``(W, H)`` in the field itself, their ``(W,)``
-    positions in ``<field>_pos``), each state's prompt token ids, from which the actor samples
-    fresh replies, and the episode each transition came from. Storage is allocated at the first ``add`` and doubles as it fills, up to
-    ``capacity``; windows are kept in ``store_dtype``.
+    positions in ``<field>_pos``), each state's prompt token ids, from which the actor samples fresh
+    replies, and the episode each transition came from. Storage is allocated at the first ``add`` and
+    doubles as it fills, up to ``capacity``; windows are kept in ``store_dtype``.
 
     Args:
         capacity: The oldest transitions are overwritten past this.
