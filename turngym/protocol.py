@@ -6,7 +6,7 @@ training temperature) at its start, every ``--eval-every`` iterations and at its
 
 - ``sft``: the SFT stage itself;
 - RL arms ``[NAME=]ALGO[:KEY=VALUE ...]``: the train pipeline's RL stage with config overrides,
-  e.g. ``rloo`` or ``"archer_kl=archer:archer.kl_coef=0.01 archer.tau=0.1"``;
+  e.g. ``rloo`` or ``"archer_fast=archer:archer.tau=0.5 archer.critic_epochs=20"``;
 - ``sft_continued``: SFT continued on the expert data for as many training seconds as the longest
   RL arm of that seed trained (evaluation excluded), evaluated at the same wall-clock points.
   Every such arm (``NAME=sft_continued``) is a baseline the others are compared with; a finished one

@@ -30,11 +30,13 @@ Where this departs from the official code, and why (CPU sizes aside: iterations,
   over a reply's tokens and averages over replies: a per-reply scale, not a direction.
 
 Plug-ins (``plugins.py``: tree collection, AWR, self-imitation...) hook into ``step`` by name
-(``plugins=[...]``); this file names none of them.
+(``plugins=[...]``); this file names none of them. Results: docs/experiments.md (ArCHer as the paper
+runs it); the plug-ins' in docs/results_archer.md.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -184,23 +186,27 @@ class ArcherTrainer(IterativeTrainer):
     # ----- one iteration -------------------------------------------------------------------------
     def step(self) -> dict[str, float]:
         """Collect, then the critic's TD steps, then (after the warm-up) the actor's. Returns its metrics."""
-        cfg = self.cfg
+        cfg, t0 = self.cfg, time.perf_counter()
         # 1. collect: a plug-in may collect otherwise (e.g. a search tree); the paper samples episodes
         tree, metrics = self.plugins.collect(self) or self.collect()
         rewards = self.reward_fn(tree.episodes)
         metrics.update(reward_stats(self.reward_fn))
+        t1 = time.perf_counter()
         turns = self.turns(tree, rewards)
         self.plugins.on_turns(self, tree, turns, metrics)
         self.add_turns(turns, self.plugins.buffer_rows(self, tree, turns, turns.own))
         # 2. critic
+        t2 = time.perf_counter()
         metrics.update(self.update_critic())
         self.plugins.after_critic(self, tree, turns, metrics)
         # 3. actor, once the critic has had warmup_iters iterations of its own
+        t3 = time.perf_counter()
         active = self.iteration >= cfg.warmup_iters
         if active:
             with self.collector.weights_lock():
                 metrics.update(self.plugins.update_actor(self, metrics) or self.update_actor())
-        metrics["actor/active"] = float(active)
+        metrics.update({"actor/active": float(active), "time/collect_s": t1 - t0, "time/encode_s": t2 - t1,
+                        "time/critic_s": t3 - t2, "time/actor_s": time.perf_counter() - t3})
         return self.finish_step(metrics)
 
     def collect(self) -> tuple[Tree, dict[str, float]]:
