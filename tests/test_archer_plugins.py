@@ -254,3 +254,21 @@ def test_reply_scores_are_q_of_the_reply_under_the_current_critic(tiny_tokenizer
     s, sa = trainer.encoder.replies([prompt, prompt], ids)
     q1, q2 = trainer.critic.q_values(s, sa)
     assert by_prompt == pytest.approx(torch.minimum(q1, q2).tolist(), abs=1e-4)  # held keys/values agree with a full pass
+
+
+def test_critic_probes_by_hand():
+    from turngym.trainers.archer.probes import discounted_returns_after, pearson
+
+    rewards = [[0.0, 0.0, 1.0], [0.5]]
+    # gamma 0.5: turn 0 of episode 0 earns 0 + 0.5 * 0 + 0.25 * 1 = 0.25; turn 1 0.5; turn 2 1
+    assert_close(discounted_returns_after([(0, 0), (0, 1), (0, 2), (1, 0)], rewards, 0.5), t([0.25, 0.5, 1.0, 0.5]))
+    assert pearson(t([1.0, 2.0, 3.0]), t([2.0, 4.0, 6.0])) == pytest.approx(1.0)
+    assert pearson(t([1.0, 2.0, 3.0]), t([3.0, 2.0, 1.0])) == pytest.approx(-1.0)
+    assert math.isnan(pearson(t([1.0, 1.0]), t([1.0, 2.0])))
+
+
+def test_critic_probes_log_calibration_before_the_critic_trains(policy, tmp_path):
+    trainer = ArcherTrainer(policy, ENV, _cfg(["critic_probes"], critic_encoder="top:1", critic_window=8), out_dir=tmp_path)
+    trainer.setup()
+    row = trainer.step()
+    assert "critic/q_mc_mae" in row and row["critic/adv_std"] >= 0.0
