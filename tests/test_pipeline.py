@@ -56,3 +56,27 @@ def test_held_out_table_pairs_each_stage_with_sft():
     d = table["final"]["vs_sft"]
     assert d["diff"] == 0.5 and d["n"] == 4 and 0.0 <= d["ci95"][0] <= 0.5 <= d["ci95"][1] <= 1.0
     assert table["zero_shot"]["vs_sft"]["diff"] == -0.5
+
+
+def test_reply_caps_left_at_0_come_from_the_envs_oracle_and_short_ones_are_warned(tiny_tokenizer, capsys):
+    import math
+
+    from turngym.agents.hf import HFPolicy
+    from turngym.config import apply_overrides
+    from turngym.rollout import Collector, EnvTarget
+    from turngym.train import fit_reply_caps
+
+    cfg = apply_overrides(TrainConfig(), ["algo=grpo", "env_id=tests/Guess-v0", "env_kwargs={}", "train_split=",
+                                          "sft.episodes=2", "pg.expert_replay=0"]).with_seeds()
+    assert cfg.eval.max_new_tokens == 0 and cfg.pg.max_new_tokens == 0  # the pipeline's defaults: from the env
+    policy = HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
+    said = []
+    with Collector(policy) as collector:
+        demos = collector.demonstrations(EnvTarget("tests/Guess-v0", {}), 2)
+        longest = max(t.num_tokens for d in demos for t in d.turns)
+        fitted = fit_reply_caps(cfg, collector, said.append)
+        assert fitted.eval.max_new_tokens == fitted.pg.max_new_tokens == max(16, math.ceil(1.25 * longest))
+        assert len(said) == 2 and cfg.eval.max_new_tokens == 0  # a copy: the given config is left as it was
+        kept = fit_reply_caps(apply_overrides(cfg, ["eval.max_new_tokens=1", "pg.max_new_tokens=64"]), collector)
+    assert kept.eval.max_new_tokens == 1 and kept.pg.max_new_tokens == 64  # set by hand: kept, and a short one warned
+    assert "eval.max_new_tokens=1 is shorter than the env's oracle's longest reply" in capsys.readouterr().err

@@ -209,6 +209,9 @@ class Protocol:
             return
         self.start_from_sft(sft_dir, out)
         stages = _read_json(out / "stages.json")
+        fitted = _read_json(sft_dir / "config.json", {}).get("eval", {}).get("max_new_tokens")  # as the SFT run fitted it
+        if fitted and not cfg.eval.max_new_tokens:
+            cfg = apply_overrides(cfg, [f"eval.max_new_tokens={fitted}"])
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)

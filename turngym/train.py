@@ -52,7 +52,10 @@ class EvalConfig:
     split: str = knob("test", "the held-out split ('' for an env without splits)")
     zero_shot: bool = knob(False, "evaluate before any training too (the embedded model: 0% on TextWorld, "
                                   "and its 100% invalid actions play every turn: the slowest evaluation)")
-    max_new_tokens: int = knob(16, "length cap per utterance")
+    max_new_tokens: int = knob(0, "length cap per reply (0: from the env: its oracle's longest demonstration reply "
+                                  "x 1.25, at least 16)")
+    max_state_visits: int = knob(0, "end (truncate) a held-out episode that reaches one env state this many times, as "
+                                    "training's max_state_visits does; a looping agent then costs less time (0 = off)")
     num_envs: int = knob(32, "episodes in flight")
     overlap_check_s: float = knob(10.0, "seconds spent comparing held-out and training task contents "
                                         "before training (0: task ids only)")
@@ -60,8 +63,8 @@ class EvalConfig:
                                             "warning, and summary.json's held_out_check lists them)")
 
     def __post_init__(self) -> None:
-        if self.episodes < 1 or self.num_envs < 1 or self.max_new_tokens < 1:
-            raise ValueError("episodes, num_envs and max_new_tokens must be >= 1")
+        if self.episodes < 1 or self.num_envs < 1 or min(self.max_new_tokens, self.max_state_visits) < 0:
+            raise ValueError("episodes and num_envs must be >= 1, max_new_tokens and max_state_visits >= 0")
         if self.overlap_check_s < 0:
             raise ValueError(f"overlap_check_s must be >= 0, got {self.overlap_check_s}")
 
@@ -246,7 +249,8 @@ def evaluate_policy(policy: Any, cfg: Any, tag: str, collector: Collector | None
     res = evaluate(cfg.env_id, policy, agent_name=f"{cfg.model}@{tag}", episodes=cfg.eval.episodes,
                    seed=10_000 + cfg.seed, env_kwargs=_with_split(cfg.env_kwargs, cfg.eval.split),
                    sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed),
-                   num_envs=cfg.eval.num_envs, progress=f"eval {tag}", distinct=True, collector=collector)
+                   num_envs=cfg.eval.num_envs, progress=f"eval {tag}", distinct=True, collector=collector,
+                   max_state_visits=cfg.eval.max_state_visits)
     res.save(Path(cfg.output_dir) / f"eval_{tag}.json")
     # every stage plays the same held-out (task, seed) list in the same order: outcomes pair up
     return {**res.summary, "per_episode_success": [float(t.success) for t in res.trajectories]}
@@ -279,6 +283,43 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def fit_reply_caps(cfg: Any, collector: Collector, say: Callable[[str], None] = print) -> Any:
+    """``cfg`` with every reply cap left at 0 (``eval.max_new_tokens``, the RL section's
+    ``max_new_tokens``) taken from the env: its oracle's longest reply among the SFT stage's
+    demonstrations, in the policy's tokens, x 1.25 and at least 16 (48 for an env without an oracle).
+    A cap set shorter than that reply gets a warning: replies like the oracle's would be cut, and a
+    cut call reads as no call."""
+    rl_name = get_algorithm(cfg.algo).section
+    parts = {"eval": cfg.eval, rl_name: getattr(cfg, rl_name)}
+    caps = {name: part.max_new_tokens for name, part in parts.items() if hasattr(part, "max_new_tokens")}
+    longest = _longest_oracle_reply(cfg, collector) if cfg.sft.enabled or not all(caps.values()) else None
+    fitted = 48 if longest is None else max(16, -(-longest * 5 // 4))
+    out = copy.deepcopy(cfg)
+    for name, cap in caps.items():
+        if cap == 0:
+            setattr(out, name, replace(getattr(out, name), max_new_tokens=fitted))
+            say(f"[reply cap] {name}.max_new_tokens = {fitted} (the env's oracle's longest reply: "
+                f"{longest if longest is not None else 'unknown, no oracle'} tokens)")
+        elif longest is not None and cap < longest:
+            print(f"WARNING: {name}.max_new_tokens={cap} is shorter than the env's oracle's longest reply ({longest} "
+                  f"tokens): replies like it are cut, and a cut call reads as no call; --set {name}.max_new_tokens="
+                  f"{max(16, -(-longest * 5 // 4))} (or 0: from the env)", file=sys.stderr, flush=True)
+    return out
+
+
+def _longest_oracle_reply(cfg: Any, collector: Collector) -> int | None:
+    """The longest reply in tokens among the SFT stage's demonstrations (played once: SFT reuses them)."""
+    from turngym.rollout import EnvTarget
+
+    d = cfg.sft.demo_choice()
+    try:
+        demos = collector.demonstrations(EnvTarget(cfg.env_id, train_env_kwargs(cfg)), cfg.sft.episodes, d["seed"],
+                                         d["demo_seed"], pool=d["pool"])
+    except (RuntimeError, NotImplementedError, AttributeError):  # no oracle, or it solved nothing
+        return None
+    return max((t.num_tokens for ep in demos for t in ep.turns), default=None)
+
+
 class Pipeline:
     """A run in progress: what every stage sees (``trainers.stages.PipelineRun``)."""
 
@@ -303,9 +344,10 @@ class Pipeline:
         if hasattr(rl, "rollout_engine"):
             rl = resolve_rollout_engine(rl, ctx.enabled)
             engine, vllm = rl.rollout_engine, rl.vllm
-        self.rl_cfg = rl
         self.collector = Collector(self.policy, engine=engine, vllm=vllm, workers=getattr(rl, "env_workers", "local"),
                                    ctx=ctx)
+        self.cfg = cfg = fit_reply_caps(cfg, self.collector, self.say)
+        self.rl_cfg = replace(rl, max_new_tokens=cfg.rl_section().max_new_tokens) if hasattr(rl, "max_new_tokens") else rl
         self.evaluator = evaluator or functools.partial(evaluate_policy, collector=self.collector)
         self.trainer = None
 
@@ -422,8 +464,8 @@ def run(cfg: Any, progress: bool = True, ctx: DistContext | None = None, *,
         torch.manual_seed(cfg.seed)
         t0 = time.perf_counter()
         p = Pipeline(cfg, progress, ctx, evaluator, on_iteration)
-        if p.main:
-            (p.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+        if p.main:  # as run: the reply caps fitted to the env
+            (p.out / "config.json").write_text(json.dumps(asdict(p.cfg), indent=2))
         try:
             for stage in stages():
                 stage.run(p)

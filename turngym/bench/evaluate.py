@@ -52,6 +52,7 @@ def evaluate(
     num_envs: int = 8,
     workers: bool = False,
     max_turns: int | None = None,
+    max_state_visits: int = 0,
     progress: bool | str = True,
     distinct: bool = False,
     collector: Collector | None = None,
@@ -62,6 +63,8 @@ def evaluate(
         env_kwargs: Constructor overrides (e.g. ``{"split": "test"}``); the policy's own
             ``env_kwargs`` (scripted hints) are added on top.
         max_turns: Override the env's registered turn limit.
+        max_state_visits: End (truncate) an episode that reaches one env state this many times, as
+            training does (0 = off).
         distinct: Refuse to cycle: a held-out claim counts games, and a deterministic game replayed
             under another reset seed is the same game again (its CI would shrink for nothing).
         collector: The run's ``Collector``: its envs stay open for the next evaluation (and its
@@ -78,7 +81,7 @@ def evaluate(
     kwargs = {**(env_kwargs or {}), **getattr(policy, "env_kwargs", {})}
     limit = kwargs.pop("max_turns", None) if max_turns is None else max_turns
     kwargs.pop("max_turns", None)
-    env = EnvTarget(env_id, kwargs, max_turns=limit)
+    env = EnvTarget(env_id, kwargs, max_turns=limit, max_state_visits=max_state_visits)
     task_ids = list(env.info.task_ids)
     if distinct and episodes > len(task_ids):
         raise ValueError(f"{env_id} {kwargs.get('split', '')!r} has {len(task_ids)} tasks, fewer than the {episodes} "
@@ -93,5 +96,6 @@ def evaluate(
             trajs = own.play(env, specs, sampling, pooled=False, **play)
     summary = summarize(trajs)
     summary["wall_s"] = time.perf_counter() - t0
-    config = {"episodes": episodes, "seed": seed, "env_kwargs": env_kwargs or {}, "max_turns": max_turns}
+    config = {"episodes": episodes, "seed": seed, "env_kwargs": env_kwargs or {}, "max_turns": max_turns,
+              "max_state_visits": max_state_visits}
     return EvalResult(env_id, agent_name, summary, trajs, config)

@@ -304,8 +304,8 @@ register_algorithm(Algorithm("branch_bc", section="branch", config=BranchBCConfi
 
 def _quickstart() -> BranchBCConfig:
     # the quickstart's round (configs/quickstart.yaml says why each number): screen 64 games, runner-ups at
-    # 2 points, 3 wide, 2 deep; clones fitted like the demonstrations (lr 3e-4, 8 passes); xml calls ~8 tokens
-    return BranchBCConfig(iterations=1, episodes_per_iter=64, num_envs=64, max_state_visits=3, max_new_tokens=16,
+    # 2 points, 3 wide, 2 deep; clones fitted like the demonstrations (lr 3e-4, 8 passes); the reply cap from the env
+    return BranchBCConfig(iterations=1, episodes_per_iter=64, num_envs=64, max_state_visits=3, max_new_tokens=0,
                           trainable="top:8", actor_lr=3e-4, actor_epochs=8, minibatch_size=4, micro_batch_size=4,
                           branch_points=2, branch_width=3, branch_depth=2, expert_replay=8)
 

@@ -224,7 +224,7 @@ def _quickstart() -> PGConfig:
     # online filtered BC for 7 minutes on the games greedy decoding fails, with a format penalty
     return PGConfig(algo="filtered_bc", iterations=100, time_budget_s=420, group_size=8, episodes_per_iter=64,
                     num_envs=64, minibatch_size=8, micro_batch_size=4, top_p=1.0, max_state_visits=3,
-                    max_new_tokens=16, trainable="top:8", actor_lr=1e-4, actor_epochs=2, actor_warmup_steps=2,
+                    max_new_tokens=0, trainable="top:8", actor_lr=1e-4, actor_epochs=2, actor_warmup_steps=2,
                     task_sampling="greedy_failed", expert_replay=8,
                     reward=["env", {"name": "format", "unparseable": -0.1, "invalid": -0.1}])
 

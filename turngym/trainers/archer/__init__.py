@@ -13,8 +13,8 @@ from turngym.trainers.stages import Section, register_section
 
 
 def _quickstart() -> ArcherConfig:
-    # the paper's algorithm in a CPU's sizes on the quickstart's games: xml calls ~8 tokens, loops cut short
-    return ArcherConfig(max_new_tokens=16, max_state_visits=3)
+    # the paper's algorithm in a CPU's sizes on the quickstart's games: the reply cap from the env, loops cut short
+    return ArcherConfig(max_new_tokens=0, max_state_visits=3)
 
 
 register_section(Section("archer", ArcherConfig, _quickstart, "ArCHer (algo=archer)"))

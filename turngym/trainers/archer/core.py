@@ -67,7 +67,7 @@ class ArcherConfig:
     iterations: int = knob(4, "collect -> critic -> actor rounds [2000]")
     episodes_per_iter: int = knob(32, "episodes sampled per iteration [rollout_size 128]")
     temperature: float = knob(1.0, "sampling temperature of the collection and of fresh replies [1.0]")
-    max_new_tokens: int = knob(48, "length cap of one reply [32]")
+    max_new_tokens: int = knob(48, "length cap of one reply [32] (turngym train: 0 = from the env's oracle)")
     num_envs: int = knob(32, "episodes in flight while collecting (the generation batch)")
     max_turns: int | None = knob(None, "override the env's turn limit")
     max_state_visits: int = knob(0, "end (truncate) an episode that reaches one env state this many times (0 = off)")
@@ -102,7 +102,7 @@ class ArcherConfig:
 
     def __post_init__(self) -> None:
         counts = ("iterations", "episodes_per_iter", "num_envs", "critic_batch_size", "critic_states", "buffer_capacity",
-                  "actor_states", "critic_window", "critic_hidden", "max_new_tokens")
+                  "actor_states", "critic_window", "critic_hidden")
         bad = [k for k in counts if getattr(self, k) < (0 if k == "iterations" else 1)]
         if bad or min(self.critic_epochs, self.actor_epochs, self.warmup_iters, self.micro_batch_size) < 0:
             raise ValueError(f"{bad or 'epochs, warmup_iters and micro_batch_size'} must be >= 1 (iterations, epochs >= 0)")
