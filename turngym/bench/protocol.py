@@ -326,12 +326,14 @@ def _group_cell(c: dict | None) -> str:
 
 
 def plot_curves(curves: dict[str, dict[int, list[dict]]], path: str | Path, title: str = "") -> Path | None:
-    """Held-out greedy success of every arm against env steps and against training seconds: the
-    mean over seeds (thick) and each seed (thin). Arms without env steps (SFT-continued) appear only
-    against seconds; a single-point arm (SFT) is a dashed horizontal line.
+    """Held-out greedy success of every arm against env episodes and against training seconds: every
+    evaluation point with its 95% interval (each seed's, thin), and the mean over seeds (thick).
+    Arms without env episodes (SFT-continued) appear only against seconds; a single-point arm (SFT)
+    is a dashed horizontal line with its interval shaded.
 
     Args:
-        curves: ``{arm: {seed: [{"env_steps", "train_seconds", "success"}, ...]}}``.
+        curves: ``{arm: {seed: [{"env_episodes", "train_seconds", "success", "success_ci95"}, ...]}}``
+            (points without ``env_episodes``, from before it was recorded, use ``env_steps``).
         path: The PNG to write.
         title: The figure title.
 
@@ -348,9 +350,9 @@ def plot_curves(curves: dict[str, dict[int, list[dict]]], path: str | Path, titl
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for i, (arm, by_seed) in enumerate(curves.items()):
         color = f"C{i % 10}"
-        for ax, x_key in zip(axes, ("env_steps", "train_seconds")):
+        for ax, x_key in zip(axes, ("env_episodes", "train_seconds")):
             _plot_arm(ax, arm, by_seed, x_key, color)
-    for ax, label in zip(axes, ("env steps", "training wall-clock (s, evaluation excluded)")):
+    for ax, label in zip(axes, ("training episodes played in the env", "training wall-clock (s, evaluation excluded)")):
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -364,15 +366,28 @@ def plot_curves(curves: dict[str, dict[int, list[dict]]], path: str | Path, titl
 
 
 def _plot_arm(ax: Any, arm: str, by_seed: dict[int, list[dict]], x_key: str, color: str) -> None:
-    series = [[(p[x_key], p["success"]) for p in pts if p.get(x_key) is not None] for pts in by_seed.values()]
+    def x_of(p: dict):
+        return p.get(x_key) if x_key != "env_episodes" or p.get(x_key) is not None else p.get("env_steps")
+
+    series = [[(x_of(p), p["success"], p.get("success_ci95")) for p in pts if x_of(p) is not None]
+              for pts in by_seed.values()]
     series = [s for s in series if s]
     if not series:
         return
-    if all(len(s) == 1 for s in series):  # one point (the SFT stage): a reference line
-        ax.axhline(float(np.mean([s[0][1] for s in series])), color=color, ls="--", lw=1.5, label=arm)
+    if all(len(s) == 1 for s in series):  # one point (the SFT stage): a reference line, its interval shaded
+        mean = float(np.mean([s[0][1] for s in series]))
+        ax.axhline(mean, color=color, ls="--", lw=1.5, label=arm)
+        cis = [s[0][2] for s in series if s[0][2]]
+        if len(series) == 1 and cis:
+            ax.axhspan(cis[0][0], cis[0][1], color=color, alpha=0.08)
         return
-    for s in series:
-        ax.plot(*zip(*s), color=color, lw=0.7, alpha=0.4)
+    for s in series:  # each seed's points with their 95% intervals
+        xs, ys = [p[0] for p in s], [p[1] for p in s]
+        lo = [p[1] - p[2][0] if p[2] else 0.0 for p in s]
+        hi = [p[2][1] - p[1] if p[2] else 0.0 for p in s]
+        ax.errorbar(xs, ys, yerr=[lo, hi], color=color, lw=0.7, alpha=0.5, capsize=2, fmt="o", ms=2)
+        ax.plot(xs, ys, color=color, lw=0.7, alpha=0.4)
+    series = [[(x, y) for x, y, _ in s] for s in series]
     # the mean over seeds at each point index (seeds of one arm evaluate at matching points)
     n = min(len(s) for s in series)
     xs = [float(np.mean([s[k][0] for s in series])) for k in range(n)]
