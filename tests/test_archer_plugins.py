@@ -272,3 +272,20 @@ def test_critic_probes_log_calibration_before_the_critic_trains(policy, tmp_path
     trainer.setup()
     row = trainer.step()
     assert "critic/q_mc_mae" in row and row["critic/adv_std"] >= 0.0
+
+
+def test_best_of_n_imitates_the_reply_the_critic_rates_highest(policy, tmp_path, monkeypatch):
+    from turngym.trainers.archer.best_of_n import best_rows
+
+    q = t([[0.1, 0.5, 0.2], [0.3, 0.3, 0.3], [0.9, 0.0, 0.0]])
+    assert best_rows(q) == [1, None, 0]  # a state whose replies all score alike has nothing to imitate
+    assert best_rows(q, margin=0.25) == [None, None, 0]  # 0.5 - 0.267 = 0.233 is under the margin
+    trainer = ArcherTrainer(policy, ENV, _cfg([{"name": "best_of_n", "n": 2}], critic_encoder="top:1", critic_window=8),
+                            out_dir=tmp_path)
+    trainer.setup()
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.step()  # the buffer fills, the critic trains, then the actor imitates the best of 2
+    row = trainer.step()
+    assert row["best_of_n/states"] >= trainer.cfg.actor_states and row["actor/rows"] == row["best_of_n/imitated"]
+    assert "adv/mean" not in row  # the paper's policy gradient did not run
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())

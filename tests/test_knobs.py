@@ -142,7 +142,7 @@ def test_every_archer_plugin_knob_is_read_with_every_plugin_on(tiny_tokenizer, t
     plugins = [{"name": "tree", "points": 1, "width": 4, "depth": 1, "by": "state_key"},
                {"name": "sibling_auc", "holdout": 0.25, "gate": 0.0}, {"name": "awr", "min_shift": 0.0, "margin": 0.0},
                {"name": "self_imitation", "min_weight": 0.01}, "clone_wins", {"name": "critic_rank", "pool": 6},
-               {"name": "expert_replay", "episodes": 2}, "expert_auc"]
+               {"name": "expert_replay", "episodes": 2}, "expert_auc", {"name": "best_of_n", "n": 2}]
     cfg = ArcherConfig(iterations=2, episodes_per_iter=4, num_envs=4, max_new_tokens=6, critic_epochs=2, critic_states=4,
                        actor_states=2, warmup_iters=0, critic_encoder="reference", trainable="all", autocast="none",
                        plugins=plugins)

@@ -6,7 +6,7 @@ Importing the package registers the algorithm ``archer`` and every plug-in.
 from turngym.trainers.archer.core import ArcherConfig, ArcherTrainer
 from turngym.trainers.archer.plugins import Plugin, plugin_names, register_plugin
 from turngym.trainers.archer import tree, critic_rank, sibling_auc, awr, self_imitation, clone_wins  # noqa: F401,I001
-from turngym.trainers.archer import expert_replay, expert_auc, probes, acting, hierarchy  # noqa: F401,I001
+from turngym.trainers.archer import expert_replay, expert_auc, probes, best_of_n, acting, hierarchy  # noqa: F401,I001
 from turngym.trainers.registry import Algorithm, register_algorithm
 from turngym.trainers.stages import Section, register_section
 
