@@ -14,6 +14,8 @@ Two checks, both cheap next to training:
   what a held-out task may share with no training task (SQL: its database's tables; SWE: its bug
   template and package; Maze: the maze itself). Every evaluated test task's keys are compared with
   every training task's, over the whole training split; ``content_keys`` must be cheap (no reset).
+  The keys also settle what openings cannot: two tasks that open alike (a partially observed maze
+  shows only the open directions) but are made of different things are not the same task.
 """
 
 from __future__ import annotations
@@ -153,6 +155,11 @@ def _check_keys(out: SplitCheck, env_id: str, train_kwargs: dict, test_kwargs: d
             owner.setdefault(k, t)
     out.keys_checked = (len(test), len(train))
     out.key_overlap = [(t, owner[k], k) for t, keys in test.items() for k in sorted(keys) if k in owner]
+    alike = [(t, o) for t, o in out.content_overlap if t in test and o in train and test[t] != train[o]]
+    if alike:
+        out.content_overlap = [p for p in out.content_overlap if p not in alike]
+        note = f"{len(alike)} held-out tasks open like a training task but are made of different content"
+        out.content_note = "; ".join(n for n in (out.content_note, note) if n)
 
 
 def describe_overlap(check: SplitCheck, limit: int = 5) -> str:
