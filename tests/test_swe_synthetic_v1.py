@@ -20,6 +20,7 @@ from turngym.envs.swe.synthetic_v1 import (
     TRAIN_PACKAGES,
     build_task,
     content_keys,
+    oracle_replies,
     plan,
     task_ids,
 )
@@ -191,3 +192,11 @@ def test_content_keys_through_the_env():
     p = plan("swe-test-0005")
     assert keys == {f"template:{f.template.key}" for f in p.funcs} | {f"package:{p.package}"}
     assert f"template:{p.buggy.template.key}" in keys
+
+
+def test_oracle_replies_are_recorded_for_every_task():
+    replies = oracle_replies("test", tool_format="hermes")
+    assert list(replies) == task_ids("test")
+    assert all(r[-1] == '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>' for r in replies.values())
+    assert all(len(r) >= 2 and '"name": "edit_file"' in r[0] for r in replies.values())
+    assert max(len(x) for r in replies.values() for x in r) < 700  # see docs/task_suites.md for tokens

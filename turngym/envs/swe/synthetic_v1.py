@@ -176,3 +176,18 @@ class SyntheticSWEEnv(SWEEnv):
     def content_keys(self, task_id: str) -> set[str]:
         """What a held-out task may share with no training task (``turngym.bench.heldout``)."""
         return content_keys(task_id)
+
+
+def oracle_replies(split: str = "train", tool_format: str = "hermes", n_tasks: int | None = None) -> dict[str, list[str]]:
+    """Each task's oracle replies as a policy would write them, in order: one ``edit_file`` call per
+    gold edit, then ``submit``. A reply cap shorter than the longest of these cuts some edits."""
+    from turngym.tools.formats import get_format
+    from turngym.types import ToolCall
+
+    fmt = get_format(tool_format)
+    out = {}
+    for tid in task_ids(split, n_tasks):
+        edits = [{"path": e.path, "old_str": e.old, "new_str": e.new} for e in build_task(tid).gold_edits]
+        out[tid] = [fmt.render_call(ToolCall("oracle", "edit_file", e)) for e in edits]
+        out[tid].append(fmt.render_call(ToolCall("oracle", "submit", {})))
+    return out
