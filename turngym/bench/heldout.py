@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from turngym.rollout.envinfo import env_info, task_openings
+from turngym.rollout.envinfo import env_info, task_content_keys, task_openings
 
 
 @dataclass
@@ -128,27 +128,11 @@ def _check_content(out: SplitCheck, env_id: str, train_kwargs: dict, test_kwargs
     out.content_note = "; ".join(notes)
 
 
-def content_keys(env_id: str, task_ids: list[str], **kwargs: Any) -> dict[str, set[str]] | None:
-    """Each task's ``content_keys`` (None when the env defines none).
-
-    Raises:
-        Whatever making the env raises.
-    """
-    from turngym.envs.registry import make
-
-    env = make(env_id, **kwargs)
-    try:
-        keys = getattr(env.unwrapped, "content_keys", None)
-        return None if keys is None else {t: set(keys(t)) for t in task_ids}
-    finally:
-        env.close()
-
-
 def _check_keys(out: SplitCheck, env_id: str, train_kwargs: dict, test_kwargs: dict) -> None:
-    test = content_keys(env_id, out.test_tasks, **test_kwargs)
+    test = task_content_keys(env_id, out.test_tasks, **test_kwargs)
     if test is None:
         return
-    train = content_keys(env_id, out.train_tasks, **train_kwargs) or {}
+    train = task_content_keys(env_id, out.train_tasks, **train_kwargs) or {}
     owner: dict[str, str] = {}
     for t, keys in train.items():
         for k in keys:
