@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import random
 import string
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -44,7 +45,7 @@ class PTemplate:
         names: Function names to draw from.
         args: ``(placeholder, names to draw from)`` per argument, in order.
         doc: The docstring (one line; placeholders allowed).
-        body: The function's body, indented four spaces (placeholders allowed).
+        body: The function's body (placeholders allowed; its common indentation is removed).
         bugs: The bugs that can be injected.
         inputs: ``(rng, consts) -> args``: one valid argument tuple.
         consts: ``rng -> {placeholder: value}``: the constants of one rendering.
@@ -100,7 +101,8 @@ def render(t: PTemplate, rng: random.Random, taken: set[str] = frozenset()) -> R
     fill = lambda s: string.Template(s).substitute(subs)  # noqa: E731
     params = ", ".join(subs[ph] for ph, _ in t.args)
     doc = fill(t.doc)
-    source = f'def {name}({params}):\n    """{doc}"""\n{fill(t.body).rstrip()}\n'
+    body = textwrap.indent(textwrap.dedent(fill(t.body)).strip("\n"), "    ")
+    source = f'def {name}({params}):\n    """{doc}"""\n{body.rstrip()}\n'
     return Rendered(t, name, doc, source, consts, subs)
 
 
