@@ -1,7 +1,7 @@
 """Is a held-out set held out? The tasks a held-out evaluation plays, checked against the training
 split before any training runs, and the plot of held-out success per stage.
 
-Two checks, both cheap next to training:
+Three checks, all cheap next to training:
 
 - by id: a test task id that is also a training task id (an env that ignores ``split=``);
 - by content: a test task whose opening (``rollout.envinfo.task_openings``: the reset observation
