@@ -1,7 +1,7 @@
 """Is a held-out set held out? The tasks a held-out evaluation plays, checked against the training
 split before any training runs, and the plot of held-out success per stage.
 
-Two checks, both cheap next to training:
+Three checks, all cheap next to training:
 
 - by id: a test task id that is also a training task id (an env that ignores ``split=``);
 - by content: a test task whose opening (``envs.info.task_openings``: the reset observation
@@ -9,7 +9,13 @@ Two checks, both cheap next to training:
   That catches the same task under another name. A fingerprint several tasks of one split share
   tells nothing (e.g. Wordle: every game opens alike and the secret is hidden), so it is left out.
   Resets can be slow (ALFWorld: 2 s), so the content check stops after a time budget and says how
-  much it covered.
+  much it covered;
+- by what the task is made of: an env that defines ``content_keys(task_id) -> set[str]`` names
+  what a held-out task may share with no training task (SQL: its database's tables; SWE: its bug
+  template and package; Maze: the maze itself). Every evaluated test task's keys are compared with
+  every training task's, over the whole training split; ``content_keys`` must be cheap (no reset).
+  The keys also settle what openings cannot: two tasks that open alike (a partially observed maze
+  shows only the open directions) but are made of different things are not the same task.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from turngym.envs.info import env_info, task_openings
+from turngym.envs.info import env_info, task_content_keys, task_openings
 
 
 @dataclass
@@ -37,6 +43,10 @@ class SplitCheck:
         content_checked: Tasks fingerprinted, ``(test, train)``.
         content_note: Why the content check covered less than everything, if it did.
         train_oracle: The env has an oracle move on its first training task (SFT needs one).
+        key_overlap: ``(test id, training id, key)``: a test task made of something a training
+            task is made of too (one pair per shared key).
+        keys_checked: Tasks whose ``content_keys`` were compared, ``(test, train)``; ``(0, 0)``
+            when the env defines none.
     """
 
     train_tasks: list[str]
@@ -47,16 +57,19 @@ class SplitCheck:
     content_checked: tuple[int, int] = (0, 0)
     content_note: str = ""
     train_oracle: bool = False
+    key_overlap: list[tuple[str, str, str]] = field(default_factory=list)
+    keys_checked: tuple[int, int] = (0, 0)
 
     @property
     def clean(self) -> bool:
-        return not self.id_overlap and not self.content_overlap
+        return not self.id_overlap and not self.content_overlap and not self.key_overlap
 
     def to_dict(self) -> dict[str, Any]:
         return {"train_tasks": len(self.train_tasks), "test_tasks": len(self.test_tasks),
                 "id_overlap": self.id_overlap, "content_overlap": [list(p) for p in self.content_overlap],
                 "content_checked": {"test": self.content_checked[0], "train": self.content_checked[1]},
-                "content_note": self.content_note}
+                "content_note": self.content_note, "key_overlap": [list(k) for k in self.key_overlap],
+                "keys_checked": {"test": self.keys_checked[0], "train": self.keys_checked[1]}}
 
 
 def check_splits(env_id: str, train_kwargs: dict, test_kwargs: dict, episodes: int, *,
@@ -68,7 +81,7 @@ def check_splits(env_id: str, train_kwargs: dict, test_kwargs: dict, episodes: i
         train_kwargs: Constructor kwargs of the training env (its split included).
         test_kwargs: Constructor kwargs of the evaluation env.
         episodes: Distinct held-out games the evaluation plays.
-        budget_s: Seconds for the content check (0: ids only).
+        budget_s: Seconds for the content check (0: ids only); the key check is not timed.
 
     Returns:
         A ``SplitCheck``; the caller decides what to refuse.
@@ -85,6 +98,7 @@ def check_splits(env_id: str, train_kwargs: dict, test_kwargs: dict, episodes: i
         return out
     if budget_s > 0 and out.test_tasks:
         _check_content(out, env_id, train_kwargs, test_kwargs, budget_s)
+        _check_keys(out, env_id, train_kwargs, test_kwargs)
     else:  # SFT needs an oracle: one opening says whether there is one
         out.train_oracle = task_openings(env_id, train_ids[:1], **train_kwargs)[train_ids[0]].oracle
     return out
@@ -114,6 +128,24 @@ def _check_content(out: SplitCheck, env_id: str, train_kwargs: dict, test_kwargs
     out.content_note = "; ".join(notes)
 
 
+def _check_keys(out: SplitCheck, env_id: str, train_kwargs: dict, test_kwargs: dict) -> None:
+    test = task_content_keys(env_id, out.test_tasks, **test_kwargs)
+    if test is None:
+        return
+    train = task_content_keys(env_id, out.train_tasks, **train_kwargs) or {}
+    owner: dict[str, str] = {}
+    for t, keys in train.items():
+        for k in keys:
+            owner.setdefault(k, t)
+    out.keys_checked = (len(test), len(train))
+    out.key_overlap = [(t, owner[k], k) for t, keys in test.items() for k in sorted(keys) if k in owner]
+    alike = [(t, o) for t, o in out.content_overlap if t in test and o in train and test[t] != train[o]]
+    if alike:
+        out.content_overlap = [p for p in out.content_overlap if p not in alike]
+        note = f"{len(alike)} held-out tasks open like a training task but are made of different content"
+        out.content_note = "; ".join(n for n in (out.content_note, note) if n)
+
+
 def describe_overlap(check: SplitCheck, limit: int = 5) -> str:
     """One line naming what overlaps, with a few examples."""
     parts = []
@@ -124,6 +156,10 @@ def describe_overlap(check: SplitCheck, limit: int = 5) -> str:
     if check.content_overlap:
         shown = ", ".join(f"{a} = {b}" for a, b in check.content_overlap[:limit])
         parts.append(f"{len(check.content_overlap)} held-out tasks open exactly like a training task ({shown})")
+    if check.key_overlap:
+        tasks = sorted({t for t, _, _ in check.key_overlap})
+        shown = ", ".join(f"{t} and {o} share {k}" for t, o, k in check.key_overlap[:limit])
+        parts.append(f"{len(tasks)} held-out tasks are made of what training tasks are made of ({shown})")
     return "; ".join(parts)
 
 

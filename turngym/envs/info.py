@@ -158,6 +158,24 @@ def task_openings(env_id: str, task_ids: list[str], budget_s: float = float("inf
     return out
 
 
+def task_content_keys(env_id: str, task_ids: list[str], **kwargs: Any) -> dict[str, set[str]] | None:
+    """Each task's ``content_keys`` (what a held-out task may share with no training task: an SQL
+    task's tables, a SWE task's bug template and package), or None when the env defines none. No
+    reset: the env computes them from the task. Not cached: it is asked once per check.
+
+    Raises:
+        Whatever making the env raises.
+    """
+    from turngym.envs.registry import make
+
+    env = make(env_id, **_probe_kwargs(kwargs))
+    try:
+        keys = getattr(env.unwrapped, "content_keys", None)
+        return None if keys is None else {t: set(keys(t)) for t in task_ids}
+    finally:
+        env.close()
+
+
 def clear_env_info() -> None:
     """Forget every cached probe (an env whose tasks changed on disk, e.g. newly generated games)."""
     with _LOCK:

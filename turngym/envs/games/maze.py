@@ -10,10 +10,18 @@ depth-first search, with the start and the goal far apart. The agent calls ``mov
 
 Reward: 1.0 on reaching the goal (which ends the episode), minus ``step_penalty`` per move.
 The oracle follows a shortest path (breadth-first search) from wherever the agent is.
+
+Held-out mazes are held out in content: a test maze that would equal (walls, start and goal) one of
+the first ``TRAIN_GUARD`` training mazes of its size is drawn again from the next seed in its own
+line (4x4 mazes are few: ``small-test-0044`` used to be ``small-train-0071``). Test mazes that
+never collided are unchanged.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import itertools
 import random
 from collections import deque
 from typing import Any
@@ -24,6 +32,7 @@ from turngym.types import Message, ToolCall
 
 DIRS = {"north": (-1, 0), "south": (1, 0), "west": (0, -1), "east": (0, 1)}
 SIZES = {"small": 4, "medium": 6, "large": 8}
+TRAIN_GUARD = 1000  # training mazes per size that no held-out maze may equal
 
 
 def carve_maze(n: int, rng: random.Random) -> list[str]:
@@ -72,18 +81,49 @@ def shortest_path(grid: list[str], start: tuple[int, int], goal: tuple[int, int]
     return moves[::-1]
 
 
-def make_task(task_id: str) -> tuple[list[str], tuple[int, int], tuple[int, int]]:
-    """The maze, start and goal of ``task_id`` (``"<size>-<split>-<index>"``), from its own seed."""
-    size = task_id.split("-")[0]
-    n = SIZES[size]
-    rng = random.Random(f"maze:{task_id}")
+def _draw(n: int, seed: str) -> tuple[list[str], tuple[int, int], random.Random]:
+    """The walls and the start drawn from ``seed``, and the generator, ready to draw the goal."""
+    rng = random.Random(seed)
     grid = carve_maze(n, rng)
+    return grid, rng.choice([(r, c) for r in range(n) for c in range(n)]), rng
+
+
+def _goal(grid: list[str], start: tuple[int, int], n: int, rng: random.Random) -> tuple[int, int]:
     cells = [(r, c) for r in range(n) for c in range(n)]
-    start = rng.choice(cells)
     dist = {cell: len(shortest_path(grid, start, cell)) for cell in cells}
     far = max(dist.values())
-    goal = rng.choice([cell for cell in cells if dist[cell] >= max(2, far * 2 // 3)])
-    return grid, start, goal
+    return rng.choice([cell for cell in cells if dist[cell] >= max(2, far * 2 // 3)])
+
+
+@functools.cache
+def _training_layouts(size: str) -> dict[tuple, list[str]]:
+    """``(walls, start)`` -> ids of the first ``TRAIN_GUARD`` training mazes of ``size`` that have
+    them (cheap: the goal, the slow part, is drawn only for a test maze that matches one)."""
+    out: dict[tuple, list[str]] = {}
+    for i in range(TRAIN_GUARD):
+        tid = f"{size}-train-{i:04d}"
+        grid, start, _ = _draw(SIZES[size], f"maze:{tid}")
+        out.setdefault((tuple(grid), start), []).append(tid)
+    return out
+
+
+def make_task(task_id: str) -> tuple[list[str], tuple[int, int], tuple[int, int]]:
+    """The maze, start and goal of ``task_id`` (``"<size>-<split>-<index>"``), from its own seed; a
+    test maze equal to an early training maze is drawn again (see the module docstring)."""
+    size, split, _ = task_id.split("-")
+    n = SIZES[size]
+    for k in itertools.count():
+        grid, start, rng = _draw(n, f"maze:{task_id}" + (f":redraw{k}" if k else ""))
+        goal = _goal(grid, start, n, rng)
+        twins = _training_layouts(size).get((tuple(grid), start), []) if split == "test" else []
+        if all(make_task(t) != (grid, start, goal) for t in twins):
+            return grid, start, goal
+    raise AssertionError("unreachable")
+
+
+def maze_digest(task_id: str) -> str:
+    """A digest of the maze, start and goal: equal digests, equal tasks."""
+    return hashlib.sha1(repr(make_task(task_id)).encode()).hexdigest()[:16]
 
 
 class MazeEnv(TextEnv):
@@ -177,6 +217,10 @@ class MazeEnv(TextEnv):
 
     def task_type(self, task_id: str) -> str:
         return task_id.split("-")[0]
+
+    def content_keys(self, task_id: str) -> set[str]:
+        """The maze itself (``turngym.bench.heldout``): no held-out maze equals a training one."""
+        return {f"maze:{maze_digest(task_id)}"}
 
     def oracle_action(self) -> str | None:
         path = shortest_path(self._grid, self._pos, self._goal)

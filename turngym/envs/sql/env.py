@@ -77,8 +77,10 @@ class SQLEnv(TextEnv):
         **kw: Any,
     ) -> None:
         """Args:
-            suite: ``synthetic`` (bundled, generated from ``seed``) or ``spider`` (needs the data).
-            split: ``train`` / ``test`` (disjoint; Spider is split by database) or ``all``.
+            suite: ``synthetic`` (three bundled databases, generated from ``seed``), ``generated``
+                (78 databases in 16 domains, ``turngym.envs.sql.generated``) or ``spider`` (needs the data).
+            split: ``train`` / ``test`` (disjoint; Spider is split by database, ``generated`` by
+                domain, ``synthetic`` by question) or ``all``.
             seed: Seed of the synthetic databases and questions.
             data_dir: Local data folder for Spider (else ``$TURNGYM_DATA`` or the cache).
             timeout_s: Time limit per query.
@@ -95,10 +97,15 @@ class SQLEnv(TextEnv):
         self.suite, self.split = suite, split
         self.timeout_s, self.preview_rows, self.max_rows, self.max_bytes = timeout_s, preview_rows, max_rows, max_bytes
         self.partial_credit, self.show_schema, self.strict_columns = partial_credit, show_schema, strict_columns
-        tasks, self.failed_gold = load_tasks(suite, seed, data_dir, max_rows, max_bytes)
-        fraction = 0.25 if suite == "spider" else 0.2
-        keep = [t for t in tasks if split == "all" or split_of(_split_key(t, suite), fraction) == split]
-        self.tasks = {t.task_id: t for t in keep}
+        if suite == "generated":  # split by domain; each database is built when first played
+            from turngym.envs.sql.generated import GeneratedTasks
+
+            self.tasks, self.failed_gold = GeneratedTasks(split, seed), []
+        else:
+            tasks, self.failed_gold = load_tasks(suite, seed, data_dir, max_rows, max_bytes)
+            fraction = 0.25 if suite == "spider" else 0.2
+            keep = [t for t in tasks if split == "all" or split_of(_split_key(t, suite), fraction) == split]
+            self.tasks = {t.task_id: t for t in keep}
         self.task_ids = list(self.tasks)
         self._dbs: dict[str, ReadOnlyDB] = {}
         self._gold: dict[str, tuple[list[tuple], bool]] = {}
@@ -204,6 +211,16 @@ class SQLEnv(TextEnv):
     def task_type(self, task_id: str) -> str:
         return self.tasks[task_id].level if task_id in self.tasks else "default"
 
+    def content_keys(self, task_id: str) -> set[str]:
+        """What a held-out task may share with no training task (``turngym.bench.heldout``): its
+        database's domain and tables (``generated``), its database (Spider), its question (``synthetic``)."""
+        if self.suite == "generated":
+            from turngym.envs.sql.generated import content_keys
+
+            return content_keys(task_id)
+        t = self.tasks[task_id]
+        return {f"database:{t.db_id}"} if self.suite == "spider" else {f"question:{t.db_id}:{t.question}"}
+
     # ----- scripted hints ---------------------------------------------------------------------
     def oracle_action(self) -> str | None:
         if self._task is None or self._submitted:
@@ -217,7 +234,9 @@ class SQLEnv(TextEnv):
             return None
         tables = self.db.tables()
         rng = random.Random(f"{self._task_id}:{self.turn}")
-        others = [t.gold_sql for t in self.tasks.values() if t.db_id == self._task.db_id and t.gold_sql != self._task.gold_sql]
+        same_db = (self.tasks.same_database(self._task) if hasattr(self.tasks, "same_database")
+                   else [t for t in self.tasks.values() if t.db_id == self._task.db_id])
+        others = [t.gold_sql for t in same_db if t.gold_sql != self._task.gold_sql]
         calls = [ToolCall("r", "submit", {"sql": f"SELECT COUNT(*) FROM {quote_ident(t)}"}) for t in tables]
         calls += [ToolCall("r", "submit", {"sql": f"SELECT * FROM {quote_ident(t)}"}) for t in tables]
         calls += [ToolCall("r", "submit", {"sql": q}) for q in rng.sample(others, min(2, len(others)))]

@@ -8,6 +8,11 @@ answers come from the data, not from memory. Each question template has a diffic
 
 Files are written once per seed under ``<cache>/sql/synthetic-v0-seed<seed>/`` and never
 modified afterwards (episodes open them read-only).
+
+A question drawn twice for one database is kept once (its later copy's id is left unused, so the
+other ids and the id-hashed split stay as they were): under seed 0, ``flights-hard-02`` (held out)
+asked what ``flights-hard-00`` (training) asks. The larger suite with held-out databases is
+``generated.py`` (``turngym/SQL-synthetic-v2``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class SQLTask:
     question: str
     gold_sql: str
     level: str
+    kind: str = ""  # the question template (generated suite)
 
 
 def _word(rng: random.Random, n: int = 2) -> str:
@@ -242,10 +248,14 @@ def build_suite(seed: int = 0, folder: Path | None = None) -> list[SQLTask]:
         if not path.exists():
             write_db(path, tables)
         counters: dict[str, int] = {}
+        asked: set[str] = set()
         for level, question, sql in QUESTIONS[db_id](tables, rng):
             if not _gold_is_informative(path, sql):
                 continue
             i = counters[level] = counters.get(level, -1) + 1
+            if question in asked:
+                continue
+            asked.add(question)
             tasks.append(SQLTask(f"{db_id}-{level}-{i:02d}", db_id, str(path), question, sql, level))
     return tasks
 

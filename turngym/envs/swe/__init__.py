@@ -3,6 +3,9 @@
 Registered ids (entry points are strings: importing this package loads nothing heavy):
 
 - ``turngym/SWE-synthetic-v0``: the bundled synthetic suite (seeded injected bugs; no download).
+- ``turngym/SWE-synthetic-v1``: the generated suite, 600 training and 144 held-out tasks from
+  parametrised bug templates; held-out tasks use templates and packages no training task uses
+  (``synthetic_v1.py``).
 - ``turngym/SWE-quixbugs-v0``: QuixBugs programs (``turngym data download quixbugs`` or
   ``$TURNGYM_DATA/quixbugs``).
 
@@ -19,6 +22,12 @@ register(
     kwargs={"suite": "synthetic"},
     max_turns=30,
     description="Fix a seeded bug (off-by-one, wrong operator, swapped args) in a generated Python package",
+)
+register(
+    "turngym/SWE-synthetic-v1",
+    entry_point="turngym.envs.swe.synthetic_v1:SyntheticSWEEnv",
+    max_turns=30,
+    description="Fix a seeded bug in a generated Python package; held-out tasks use unseen bug templates and packages",
 )
 register(
     "turngym/SWE-quixbugs-v0",
