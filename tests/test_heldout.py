@@ -113,7 +113,7 @@ def test_train_names_the_knob_and_the_fix_before_loading_anything(tmp_path, kw, 
 def test_knob_values_fail_as_the_config_is_built_naming_their_section():
     from turngym.config import apply_overrides
 
-    with pytest.raises(ValueError, match=r"^eval: episodes, num_envs and max_new_tokens must be >= 1"):
+    with pytest.raises(ValueError, match=r"^eval: episodes and num_envs must be >= 1"):
         apply_overrides(TrainConfig(), ["eval.episodes=0"])
     with pytest.raises(ValueError, match=r"^sft: episodes and batch_size"):
         apply_overrides(TrainConfig(), ["sft.batch_size=0"])
