@@ -59,8 +59,8 @@ def _finish(config: Path, out: Path) -> None:
 def _result(out: Path) -> dict:
     rows = [json.loads(line) for line in (out / "archer" / "metrics.jsonl").read_text().splitlines()]
     for r in rows:
-        for k in VOLATILE:
-            r.pop(k, None)
+        for k in [k for k in r if k in VOLATILE or k.startswith("time/")]:
+            r.pop(k)
     summary = json.loads((out / "summary.json").read_text())
     stages = json.loads((out / "stages.json").read_text())
     for s in stages.values():
