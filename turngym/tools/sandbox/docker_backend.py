@@ -31,6 +31,7 @@ from turngym.tools.sandbox import _runner
 from turngym.tools.sandbox.base import RawResult, Sandbox, SandboxConfig, SandboxError
 from turngym.tools.sandbox._runner import Capture
 from turngym.tools.sandbox.docker_stream import Server, close_hijacked, read_frames
+from turngym.tools.sandbox.wire import MAX_HEAD_BYTES, MalformedAnswer, parse_head
 
 LABEL = "turngym.sandbox"
 OWNER_LABEL = "turngym.owner"
@@ -46,6 +47,10 @@ _BOOT = "import os; exec(os.environ.pop('TURNGYM_SUPERVISOR'))"
 _INIT = ("import signal\ntry:\n    import ctypes\n    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"
          "except Exception:\n    pass\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\nwhile True:\n    signal.pause()\n")
 INIT_USER = "0:0"
+# Run as the sandbox user: SIGKILL to every process it may signal (all of its own but this shell;
+# PID 1 is root's), again until none is left (bounded: 2 s at most), so no fork outruns it.
+_KILL_EVERYTHING = ("kill -s KILL -- -1 2>/dev/null; i=0; while [ $i -lt 200 ] && kill -s 0 -- -1 2>/dev/null; "
+                    "do kill -s KILL -- -1 2>/dev/null; sleep 0.01; i=$((i+1)); done; true")
 
 _local = threading.local()
 _live: set[str] = set()  # containers this process created and has not removed
@@ -124,11 +129,15 @@ def container_kwargs(config: SandboxConfig, image: str) -> dict:
     mem = f"{c.memory_mb}m"
     return dict(
         image=image, detach=True, labels={LABEL: "1", OWNER_LABEL: owner_id()},
-        command=["python3", "-I", "-S", "-c", _INIT], user=INIT_USER, shm_size=f"{c.shm_size_mb}m",
+        command=["python3", "-I", "-S", "-c", _INIT], user=INIT_USER,
         network_mode="none", mem_limit=mem, memswap_limit=mem, nano_cpus=int(c.cpus * 1e9),
         pids_limit=c.pids_limit, cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-        tmpfs={c.workdir: f"rw,exec,nosuid,nodev,size={c.workdir_size_mb}m,uid=1000,gid=1000,mode=0755",
-               "/tmp": f"rw,exec,nosuid,nodev,size={c.tmp_size_mb}m,mode=1777"},
+        # Every writable mount is a tmpfs with a size and a file-count limit. /dev/shm is one of
+        # them (Docker's own takes only a size), so the container gets no IPC mount of Docker's.
+        ipc_mode="none",
+        tmpfs={c.workdir: f"rw,exec,nosuid,nodev,size={c.workdir_size_mb}m,nr_inodes={c.max_files},uid=1000,gid=1000,mode=0755",
+               "/tmp": f"rw,exec,nosuid,nodev,size={c.tmp_size_mb}m,nr_inodes={c.max_files},mode=1777",
+               "/dev/shm": f"rw,nosuid,nodev,noexec,size={c.shm_size_mb}m,nr_inodes={c.max_files},mode=1777"},
         working_dir=c.workdir, hostname="sandbox", environment=dict(c.env),
         ulimits=[Ulimit(name="nofile", soft=c.nofile, hard=c.nofile), Ulimit(name="core", soft=0, hard=0),
                  Ulimit(name="fsize", soft=c.workdir_size_mb * 2**20, hard=c.workdir_size_mb * 2**20)],
@@ -222,6 +231,7 @@ class DockerBackend(Sandbox):
     def __init__(self, config: SandboxConfig | None = None, *, image: str | None = None,
                  pool: DockerPool | None = None) -> None:
         self._server: Server | None = None
+        self._dirty = False  # a process of the sandbox user may be running (none has in a new container)
         if pool is not None:
             super().__init__(pool.config)
             self._pool, self.image = pool, pool.image
@@ -241,7 +251,9 @@ class DockerBackend(Sandbox):
         return self._request(req, stdin or b"", timeout + _HOST_GRACE_S)
 
     def _run_direct(self, argv, timeout, stdin, max_output, cwd) -> RawResult:
+        self._end_survivors()  # nothing left over may race to open the new process's descriptors
         t0 = time.monotonic()
+        self._dirty = True
         out, err, code, timed_out = self._exec(argv, stdin, t0 + timeout, max_output, cwd)
         return RawResult(code, out.value(), err.value(), timed_out, time.monotonic() - t0, out.total, err.total)
 
@@ -253,11 +265,25 @@ class DockerBackend(Sandbox):
             self._kill_everything()
 
     def _kill_everything(self) -> None:
+        """End every process of the sandbox user, the supervisor included (it goes with the rest)."""
+        import docker
+
         self._drop_server()
         api = docker_client().api
-        ex = api.exec_create(self.container_id, ["sh", "-c", "kill -s KILL -- -1 2>/dev/null; true"],
-                             user=SANDBOX_USER)
-        api.exec_start(ex["Id"])  # waits for it to finish
+        try:
+            ex = api.exec_create(self.container_id, ["sh", "-c", _KILL_EVERYTHING], user=SANDBOX_USER)
+            api.exec_start(ex["Id"])  # waits for it to finish
+        except docker.errors.APIError as e:
+            raise SandboxError(f"cannot end the sandbox's processes: {e.explanation or e}") from e
+        self._dirty = False
+
+    def _end_survivors(self) -> None:
+        """Before a new process of the sandbox user starts with a channel to the host: end every
+        process of that user, if any ever ran. A survivor could otherwise open the new process's
+        stdout through ``/proc/<pid>/fd/1`` in the moment before it makes itself non-dumpable,
+        and answer in its place."""
+        if self._dirty:
+            self._kill_everything()
 
     # ----- the supervisor: one long-lived exec per container (``_runner.serve``) ----------------
     def _request(self, req: dict, payload: bytes, wait_s: float) -> RawResult:
@@ -269,14 +295,20 @@ class DockerBackend(Sandbox):
         server = self._server or self._start_server()
         try:
             server.raw.sendall(json.dumps(req).encode() + b"\n" + payload)
-            head = json.loads(server.read_line(deadline))
+            head = parse_head(server.read_line(deadline, MAX_HEAD_BYTES), req.get("max_output", 0))
             out = server.read_n(head["stdout_len"], deadline)
             err = server.read_n(head["stderr_len"], deadline)
+            if server.pending():
+                raise MalformedAnswer(f"{server.pending()} bytes after the answer")
         except TimeoutError:  # stopped or wedged: nothing of the sandbox user survives this
             self._kill_everything()
             why = b"[the command's supervisor did not answer within the deadline; every process was killed]"
             return RawResult(137, b"", why, True, wait_s, 0, len(why))
-        except (OSError, ValueError, KeyError, EOFError) as e:  # the command killed its supervisor
+        except MalformedAnswer as e:  # not the supervisor talking: whatever did, it ends here
+            self._kill_everything()
+            why = f"[the sandbox's answer was malformed ({e}); every process in the sandbox was killed]".encode()
+            return RawResult(125, b"", why, False, 0.0, 0, len(why))
+        except (OSError, EOFError) as e:  # the command killed its supervisor
             self._drop_server()
             why = f"[the sandbox's command supervisor died during the command ({type(e).__name__}); its output is lost]"
             return RawResult(137, b"", why.encode(), False, 0.0, 0, len(why))
@@ -288,6 +320,8 @@ class DockerBackend(Sandbox):
     def _start_server(self) -> Server:
         import docker
 
+        self._end_survivors()
+        self._dirty = True
         api = docker_client().api
         try:
             ex = api.exec_create(self.container_id, ["python3", "-I", "-S", "-c", _BOOT, "{}"], stdin=True,
