@@ -112,8 +112,9 @@ class SWEEnv(TextEnv):
         self.command_timeout_s = command_timeout_s
         self.test_timeout_s, self.grade_timeout_s = test_timeout_s, grade_timeout_s
         # The sandbox bounds every call; this only catches a wedged engine: the most calls one
-        # step may make, each at its longest, with the host's grace per call.
-        self.step_deadline_s = MAX_CALLS_PER_ACTION * (max(command_timeout_s, grade_timeout_s) + 30.0) + 120.0
+        # step may make, each at its longest (run_tests: the visible tests, then the grader's
+        # run of the shown cases), with the host's grace per call.
+        self.step_deadline_s = MAX_CALLS_PER_ACTION * (max(command_timeout_s, 2 * grade_timeout_s) + 30.0) + 120.0
         config = sandbox_config or SandboxConfig(timeout_s=command_timeout_s)
         self._provider = SandboxProvider(sandbox, config, pool_size)
         self._sb: Sandbox | None = None

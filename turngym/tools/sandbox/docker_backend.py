@@ -2,16 +2,18 @@
 
 Every container runs the locally built image (``turngym.tools.sandbox.image``) with no network,
 memory / CPU / pids limits, all capabilities dropped, no-new-privileges, a read-only root, a
-size-limited tmpfs workdir, ``/tmp`` and ``/dev/shm``, and commands run as uid 1000. PID 1 is
+tmpfs workdir, ``/tmp`` and ``/dev/shm`` limited in size and file count, and commands run as uid 1000. PID 1 is
 root's (without capabilities) and non-dumpable: a command cannot ptrace or signal it, so nothing
 the agent runs can hide in it from ``kill_all``. Each command runs under a small supervisor in
 the container: ``_runner.serve``, one long-lived, non-dumpable process per container that the
 host talks to over one exec's stdin/stdout. It kills the command's whole process group at the
 deadline or when the command ends, so background jobs do not outlive it, and caps the output
-there, so the host reads at most ``max_output`` bytes per stream. A command that kills or stops
-it costs one restart. ``exec_direct`` runs a
-trusted program with no supervisor at all: nothing of the sandbox user sits between it and the
-host (its parent is outside the container). Containers carry a ``turngym.sandbox`` label and their owner's host:pid; the
+there, so the host reads at most ``max_output`` bytes per stream (and checks that it did:
+``wire.py``). A command that kills or stops it costs one restart, and every restart first ends
+every process of the sandbox user (a root ``kill -1``): a new supervisor is dumpable for the
+moments before it calls ``prctl``, and a survivor that opened its stdout then could answer in its
+place. ``exec_direct`` runs a trusted program with no supervisor at all, after the same sweep:
+nothing of the sandbox user sits between it and the host (its parent is outside the container). Containers carry a ``turngym.sandbox`` label and their owner's host:pid; the
 janitor (``cleanup_containers``) removes those whose owner is gone, and an ``atexit`` hook
 removes this process's own.
 """
@@ -47,8 +49,8 @@ _BOOT = "import os; exec(os.environ.pop('TURNGYM_SUPERVISOR'))"
 _INIT = ("import signal\ntry:\n    import ctypes\n    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"
          "except Exception:\n    pass\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\nwhile True:\n    signal.pause()\n")
 INIT_USER = "0:0"
-# Run as the sandbox user: SIGKILL to every process it may signal (all of its own but this shell;
-# PID 1 is root's), again until none is left (bounded: 2 s at most), so no fork outruns it.
+# SIGKILL to every process in the container but PID 1 and this shell, again until none is left
+# (bounded: 2 s at most), so no fork outruns it.
 _KILL_EVERYTHING = ("kill -s KILL -- -1 2>/dev/null; i=0; while [ $i -lt 200 ] && kill -s 0 -- -1 2>/dev/null; "
                     "do kill -s KILL -- -1 2>/dev/null; sleep 0.01; i=$((i+1)); done; true")
 
@@ -271,8 +273,10 @@ class DockerBackend(Sandbox):
         self._drop_server()
         api = docker_client().api
         try:
-            ex = api.exec_create(self.container_id, ["sh", "-c", _KILL_EVERYTHING], user=SANDBOX_USER)
-            api.exec_start(ex["Id"])  # waits for it to finish
+            # As root with CAP_KILL: a shell of the sandbox user could be ptraced and stopped by
+            # the very processes it is there to end, and root's cannot be touched by them.
+            ex = api.exec_create(self.container_id, ["sh", "-c", _KILL_EVERYTHING], user=INIT_USER, privileged=True)
+            api.exec_start(ex["Id"])  # waits for it to finish; only root's shell writes there
         except docker.errors.APIError as e:
             raise SandboxError(f"cannot end the sandbox's processes: {e.explanation or e}") from e
         self._dirty = False
