@@ -104,9 +104,11 @@ class _FakeDocker:
 
         monkeypatch.setattr(self.box, "_kill_everything", kill_everything)
 
-    def forge(self, data: bytes) -> None:
+    def forge(self, data: bytes, before_the_request: bool = False) -> None:
         def write():
             try:
+                if not before_the_request:
+                    self.sandbox_end.recv(1 << 16)  # answer once asked, as the supervisor would
                 for i in range(0, len(data), 1 << 20):  # as Docker frames it: stream 1, at most 1 MiB a frame
                     chunk = data[i:i + (1 << 20)]
                     self.sandbox_end.sendall(struct.pack(">BxxxI", 1, len(chunk)) + chunk)
@@ -124,6 +126,14 @@ def test_docker_host_refuses_each_malformed_answer(shape, monkeypatch):
     assert isinstance(res, RawResult) and res.exit_code == 125 and b"answer was malformed" in res.stderr, res
     assert fake.killed == 1 and fake.box._server is None  # whoever answered, nothing of the sandbox user is left
     assert fake.box.bytes_received < 2 * 2**20, "the host read on past what it had asked for"
+
+
+def test_docker_host_refuses_an_answer_that_came_before_the_request(monkeypatch):
+    fake = _FakeDocker(monkeypatch)
+    fake.forge(head() + b"hello\n", before_the_request=True)
+    time.sleep(0.2)  # the forged answer is waiting when the host sends its request
+    res = fake.box._request({"argv": ["true"], "max_output": 1000, "stdin_len": -1}, b"", 10.0)
+    assert res.exit_code == 125 and b"bytes before the request" in res.stderr and fake.killed == 1
 
 
 def test_docker_host_reads_a_good_answer(monkeypatch):

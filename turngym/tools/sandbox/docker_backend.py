@@ -298,6 +298,8 @@ class DockerBackend(Sandbox):
             self._drop_server()  # killed between commands (by an escaped process): start another
         server = self._server or self._start_server()
         try:
+            if server.unasked():
+                raise MalformedAnswer("bytes before the request")
             server.raw.sendall(json.dumps(req).encode() + b"\n" + payload)
             head = parse_head(server.read_line(deadline, MAX_HEAD_BYTES), req.get("max_output", 0))
             out = server.read_n(head["stdout_len"], deadline)

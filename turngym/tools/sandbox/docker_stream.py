@@ -94,6 +94,17 @@ class Server:
         except OSError:
             return False
 
+    def unasked(self) -> bool:
+        """Whether bytes came that no request asked for (the supervisor sends none between requests)."""
+        if self.out:
+            return True
+        if not select.select([self.raw], [], [], 0)[0]:
+            return False
+        try:
+            return bool(self.raw.recv(1, socket.MSG_PEEK))
+        except OSError:
+            return False
+
     def take_count(self) -> int:
         n, self.count = self.count, 0
         return n
