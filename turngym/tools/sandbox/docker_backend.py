@@ -1,16 +1,16 @@
 """``DockerBackend``: one locked-down container per sandbox, and a warm pool for fast resets.
 
 Every container runs the locally built image (``turngym.tools.sandbox.image``) with no network,
-memory / CPU / pids limits, all capabilities dropped, no-new-privileges, a read-only root, a
+memory / CPU / pids limits, every capability dropped but root's CAP_KILL, no-new-privileges, a read-only root, a
 tmpfs workdir, ``/tmp`` and ``/dev/shm`` limited in size and file count, and commands run as uid 1000. PID 1 is
-root's (without capabilities) and non-dumpable: a command cannot ptrace or signal it, so nothing
+root's (with CAP_KILL alone) and non-dumpable: a command cannot ptrace or signal it, so nothing
 the agent runs can hide in it from ``kill_all``. Each command runs under a small supervisor in
 the container: ``_runner.serve``, one long-lived, non-dumpable process per container that the
 host talks to over one exec's stdin/stdout. It kills the command's whole process group at the
 deadline or when the command ends, so background jobs do not outlive it, and caps the output
 there, so the host reads at most ``max_output`` bytes per stream (and checks that it did:
 ``wire.py``). A command that kills or stops it costs one restart, and every restart first ends
-every process of the sandbox user (a root ``kill -1``): a new supervisor is dumpable for the
+every process of the sandbox user (``kill -1`` as root, which they cannot signal or ptrace): a new supervisor is dumpable for the
 moments before it calls ``prctl``, and a survivor that opened its stdout then could answer in its
 place. ``exec_direct`` runs a trusted program with no supervisor at all, after the same sweep:
 nothing of the sandbox user sits between it and the host (its parent is outside the container). Containers carry a ``turngym.sandbox`` label and their owner's host:pid; the
@@ -133,7 +133,11 @@ def container_kwargs(config: SandboxConfig, image: str) -> dict:
         image=image, detach=True, labels={LABEL: "1", OWNER_LABEL: owner_id()},
         command=["python3", "-I", "-S", "-c", _INIT], user=INIT_USER,
         network_mode="none", mem_limit=mem, memswap_limit=mem, nano_cpus=int(c.cpus * 1e9),
-        pids_limit=c.pids_limit, cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
+        pids_limit=c.pids_limit, security_opt=["no-new-privileges"], read_only=True,
+        # CAP_KILL is the one capability left, and only root's processes hold it (PID 1 and the
+        # sweep that ends the sandbox user's processes): uid 1000 starts with none and, with
+        # no-new-privileges, cannot gain one.
+        cap_drop=["ALL"], cap_add=["KILL"],
         # Every writable mount is a tmpfs with a size and a file-count limit. /dev/shm is one of
         # them (Docker's own takes only a size), so the container gets no IPC mount of Docker's.
         ipc_mode="none",
@@ -273,9 +277,9 @@ class DockerBackend(Sandbox):
         self._drop_server()
         api = docker_client().api
         try:
-            # As root with CAP_KILL: a shell of the sandbox user could be ptraced and stopped by
-            # the very processes it is there to end, and root's cannot be touched by them.
-            ex = api.exec_create(self.container_id, ["sh", "-c", _KILL_EVERYTHING], user=INIT_USER, privileged=True)
+            # As root, with the container's one capability (CAP_KILL): a shell of the sandbox user
+            # could be stopped (SIGSTOP) or ptraced by the very processes it is there to end.
+            ex = api.exec_create(self.container_id, ["sh", "-c", _KILL_EVERYTHING], user=INIT_USER)
             api.exec_start(ex["Id"])  # waits for it to finish; only root's shell writes there
         except docker.errors.APIError as e:
             raise SandboxError(f"cannot end the sandbox's processes: {e.explanation or e}") from e
