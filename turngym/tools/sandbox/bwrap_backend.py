@@ -231,9 +231,9 @@ class BwrapBackend(Sandbox):
                 if self._buf:
                     raise MalformedAnswer(f"{len(self._buf)} bytes after the answer")
             except (OSError, ValueError, EOFError, TimeoutError) as e:  # MalformedAnswer is a ValueError
+                said = self._stderr_tail()  # before _fail closes the log
                 self._fail()
-                raise SandboxError(f"the bwrap sandbox failed ({type(e).__name__}: {e}); "
-                                   f"bwrap said: {self._stderr_tail()}") from e
+                raise SandboxError(f"the bwrap sandbox failed ({type(e).__name__}: {e}); bwrap said: {said}") from e
         return RawResult(head["exit_code"], out, err, head["timed_out"], head["elapsed_s"],
                          head["stdout_total"], head["stderr_total"])
 
