@@ -121,7 +121,7 @@ def test_too_many_stuck_statements_refuse_new_queries_until_they_end(db, monkeyp
 def test_huge_printf_width_is_refused_and_normal_printf_works(db):
     for sql in ("SELECT printf('%.*c', 2000000000, 'x')", "SELECT printf('%2000000000c', 'x')",
                 "SELECT format('%.*c', 2000000000, 'x')", "SELECT length(printf('%.*c', x * 1000000, 'x')) FROM t1"):
-        with pytest.raises(SQLError, match="width or precision"):
+        with pytest.raises(SQLError, match="widths and precisions add up to"):
             db.run(sql)
     _, rows, _ = db.run("SELECT printf('%5.2f|%-4s|%d%%|%.*c|%s', 3.14159, 'ab', 7, 3, 'x', NULL)")
     assert rows == [(" 3.14|ab  |7%|xxx|",)]
@@ -130,6 +130,9 @@ def test_huge_printf_width_is_refused_and_normal_printf_works(db):
 
 def test_check_printf_sizes_by_hand():
     check_printf_sizes("%d %*d %.*f", (1, 5, 2, 3, 1.5))  # widths 5 and precision 3: fine
+    check_printf_sizes("%50000c%.50000c", ("a", "b"))  # 50,000 + 50,000 = the limit exactly
+    with pytest.raises(ValueError, match="add up to 100001, over the limit"):
+        check_printf_sizes("%50000c%.50000c%1d", ("a", "b", 1))  # one more: the sum is what counts
     check_printf_sizes("%%%n%d", (MAX_VALUE_BYTES + 1,))  # %% and %n take no argument; %d's value is no width
     with pytest.raises(ValueError, match="over the limit"):
         check_printf_sizes("%%%.*c", (MAX_VALUE_BYTES + 1, "x"))  # after %%, the * reads the first argument
@@ -137,6 +140,21 @@ def test_check_printf_sizes_by_hand():
         check_printf_sizes("%s%-*d", ("a", -(MAX_VALUE_BYTES + 1), 1))  # a negative * width is left-justified
     with pytest.raises(ValueError):
         check_printf_sizes(f"%.{MAX_VALUE_BYTES + 1}f", (1.0,))
+
+
+def test_check_trim_work_by_hand():
+    check_trim_work = sandbox.check_trim_work
+    check_trim_work("a" * 20_000, "b" * 100)  # 20,000 x 100 = 2,000,000: the limit exactly
+    check_trim_work(None, "x" * 10**6)  # NULL trims to NULL at no cost
+    check_trim_work(12345, "5")  # a number is trimmed as its short text
+    with pytest.raises(ValueError, match="20001 characters by a set of 100 is over"):
+        check_trim_work(b"a" * 20_001, b"b" * 100)
+
+
+def test_trim_with_a_character_set_still_works(db):
+    _, rows, _ = db.run("SELECT ltrim('xyhixy', 'yx'), rtrim('xyhixy', 'yx'), trim('xyhixy', 'yx'), trim('  a  '), "
+                        "trim(NULL, 'x'), ltrim(x'01014142', x'01')")
+    assert rows == [("hixy", "xyhi", "hi", "a", None, "AB")]
 
 
 def test_quadratic_string_functions_stay_bounded_by_the_value_cap(db):
@@ -238,6 +256,10 @@ def _cpu_after_return(db, sql: str, timeout_s: float = 0.3) -> float:
     "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
     "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000) "
     "SELECT count(*) FROM c a, c b, c d WHERE a.x + b.x = d.x",
+    # One printf call of 12,000 specifiers, each under the per-value cap: 6 s of CPU in one opcode.
+    "SELECT printf('" + "%.99999c" * 12_000 + "')",
+    # A two-argument trim compares every character of the value with every one of the set: 2.8 s.
+    "SELECT ltrim(printf('%.*c', 99000, 'a'), printf('%.*c', 8000, 'b') || 'a')",
 ])
 def test_an_abandoned_statement_stops_burning_cpu(db, sql):
     assert _cpu_after_return(db, sql) < 0.5
@@ -251,7 +273,7 @@ def _peak_temp_while(fn) -> int:
     def watch():
         while not stop.is_set():
             peak[0] = max(peak[0], sandbox.temp_bytes())
-            time.sleep(0.005)
+            time.sleep(0.001)
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
@@ -263,11 +285,18 @@ def _peak_temp_while(fn) -> int:
     return peak[0]
 
 
+_ROWS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100000000) "
+
+
 @pytest.mark.parametrize("sql", [
     "WITH RECURSIVE c(x) AS (SELECT 1 UNION SELECT x + 1 FROM c WHERE x < 100000000) "
     "SELECT count(*) FROM (SELECT DISTINCT x, zeroblob(2000) FROM c)",
-    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100000000) "
-    "SELECT x FROM c ORDER BY randomblob(3000)",
+    _ROWS + "SELECT x FROM c ORDER BY randomblob(3000)",
+    # Rows of 99 KB write fast: counted every 100,000 opcodes, these peaked at 390-450 MB.
+    _ROWS + "SELECT length(b) FROM (SELECT x, randomblob(99000) AS b FROM c) ORDER BY b",
+    _ROWS + "SELECT count(*) FROM (SELECT DISTINCT zeroblob(99000) || x FROM c)",
+    "WITH RECURSIVE c(x, b) AS (SELECT 1, randomblob(99000) UNION SELECT x + 1, randomblob(99000) FROM c "
+    "WHERE x < 100000000) SELECT count(*) FROM c",
 ])
 def test_temporary_storage_is_capped(tmp_path, sql):
     path = tmp_path / "t.sqlite"
@@ -279,7 +308,7 @@ def test_temporary_storage_is_capped(tmp_path, sql):
                 d.run(sql)
 
         peak = _peak_temp_while(run)
-        assert peak < 3 * sandbox.MAX_TEMP_BYTES  # a sort's final merge may briefly hold two copies
+        assert peak < sandbox.MAX_TEMP_BYTES, f"temporary files peaked at {peak / 2**20:.0f} MB"
         assert d.run("SELECT 1")[1] == [(1,)]  # and the connection serves the next query
     finally:
         d.close()

@@ -15,14 +15,21 @@ The agent's SQL runs on a connection that cannot change anything or leave its bu
   statement does;
 - a progress handler stops the statement from inside SQLite once its deadline has passed or it
   was abandoned, so an abandoned statement stops at its next opcodes instead of running on;
-- the known long single opcodes are bounded too, so no one opcode burns much CPU: values are
-  capped at ``MAX_VALUE_BYTES`` (``instr``/``replace`` are quadratic in it), ``LIKE``/``GLOB``
-  patterns at ``MAX_PATTERN_BYTES`` (matching is the string's length times the pattern's), and
-  ``printf``/``format`` refuse a width or precision above it (SQLite 3.40 loops over the
-  precision of ``%c`` even when the output is already too big);
-- temporary storage is capped: the same handler stops a statement once the temporary files
+- the known long single opcodes are bounded too, so no one function call burns much CPU: values
+  are capped at ``MAX_VALUE_BYTES`` (``instr``/``replace`` are quadratic in it), ``LIKE``/``GLOB``
+  patterns at ``MAX_PATTERN_BYTES`` (matching is the string's length times the pattern's),
+  ``printf``/``format`` refuse a format whose widths and precisions add up to more than it
+  (SQLite 3.40 loops over the precision of ``%c`` even when the output is already too big, so
+  12,000 specifiers of 99,999 each once ran 6 s in one call), and the two-argument ``trim``,
+  ``ltrim`` and ``rtrim`` refuse a value whose length times the character set's passes
+  ``MAX_TRIM_WORK`` (SQLite compares every character with every one of the set: a 99,000-byte
+  value and an 8,000-character set took 2.8 s);
+- temporary storage is capped: the same handler stops a statement before the temporary files
   this process holds open (sorts, ``DISTINCT``, ``UNION``, recursive CTEs spill there) pass
-  ``MAX_TEMP_BYTES`` (Linux: counted through ``/proc/self/fd``);
+  ``MAX_TEMP_BYTES`` (Linux: counted through ``/proc/self/fd``). It counts every couple of
+  milliseconds and stops at ``TEMP_STOP_BYTES``, a margin below the cap that covers what a
+  statement can write between two counts, so the peak stays under the cap (counting every 100,000
+  opcodes once let rows of 99 KB reach 450 MB);
 - results are fetched row by row and capped at ``max_rows`` rows and ``max_bytes`` bytes, so a
   huge result is refused without ever being held in memory;
 - SQL text that is not valid Unicode (a lone surrogate) is an error, not an exception, and
@@ -66,9 +73,13 @@ MAX_SQL_BYTES = 100_000  # per query text
 MAX_RESULT_BYTES = 8_000_000  # per result (what submit may hold): 10,000 rows of 800 bytes
 MAX_STUCK = 2  # abandoned statements still running before new queries are refused
 MAX_PATTERN_BYTES = 1_000  # per LIKE / GLOB pattern (SQLite allows 50,000: ~5e9 steps on one value)
-MAX_TEMP_BYTES = 64 * 2**20  # temporary files of all statements in this process, together
-_PROGRESS_OPCODES = 10_000  # the progress handler runs this often (a few hundred microseconds of work)
-_TEMP_CHECK_EVERY = 10  # ... and counts temporary files every this many runs
+MAX_TEMP_BYTES = 64 * 2**20  # temporary files of all statements in this process, together, at their peak
+# A statement is stopped once its temporary files pass this: the 16 MB below the cap cover what it
+# can write between two counts (a couple of milliseconds, plus one sorter flush of ~2 MB).
+TEMP_STOP_BYTES = MAX_TEMP_BYTES - 16 * 2**20
+MAX_TRIM_WORK = 2_000_000  # value length x character set for a two-argument trim (~10 ms of CPU)
+_PROGRESS_OPCODES = 1_000  # the progress handler runs this often (tens of microseconds of work)
+_TEMP_CHECK_S = 0.002  # ... and counts temporary files at most this often (a count costs ~0.1 ms)
 _PRINTF_SPEC = re.compile(r"%[-+ 0#,!]*(\*|\d+)?(?:\.(\*|\d*))?(?:ll|l)?(.)", re.DOTALL)
 
 
@@ -91,13 +102,16 @@ class _Job:
 
 
 class _Callbacks:
-    """The connection's authorizer and ``printf`` override. Kept apart from ``ReadOnlyDB`` so that
-    a worker thread, which holds the connection, does not keep the ``ReadOnlyDB`` alive."""
+    """The connection's authorizer and its ``printf`` and ``trim`` overrides. Kept apart from
+    ``ReadOnlyDB`` so that a worker thread, which holds the connection, does not keep the
+    ``ReadOnlyDB`` alive."""
 
     def __init__(self) -> None:
         self.reads: set[str] | None = None  # tables read by the statement being compiled, when recording
-        self.printf_conn = _limited(sqlite3.connect(":memory:", check_same_thread=False))
-        self.printf_lock = threading.Lock()
+        self.builtin_conn = _limited(sqlite3.connect(":memory:", check_same_thread=False))
+        self.builtin_conn.text_factory = _decode_text  # trim of a blob is text, not always UTF-8
+        self.builtin_lock = threading.Lock()
+        self.refused: str | None = None  # why an override last refused its arguments (SQLite drops the text)
 
     def authorize(self, action: int, arg1, arg2, dbname, source) -> int:
         if action == sqlite3.SQLITE_READ and self.reads is not None:
@@ -113,10 +127,29 @@ class _Callbacks:
     def printf(self, fmt, *args):
         """SQLite's own ``printf``, run on a private connection once every width is checked."""
         if isinstance(fmt, str):
-            check_printf_sizes(fmt, args)
-        with self.printf_lock:
-            marks = ", ".join("?" * (1 + len(args)))
-            return self.printf_conn.execute(f"SELECT printf({marks})", (fmt, *args)).fetchone()[0]
+            self._check(check_printf_sizes, fmt, args)
+        return self._builtin("printf", (fmt, *args))
+
+    def trimmer(self, name: str):
+        """SQLite's own two-argument ``name`` (trim, ltrim, rtrim), once its work is checked."""
+
+        def trim(value, chars):
+            self._check(check_trim_work, value, chars)
+            return self._builtin(name, (value, chars))
+
+        return trim
+
+    def _check(self, check, *args) -> None:
+        try:
+            check(*args)
+        except ValueError as e:
+            self.refused = str(e)
+            raise
+
+    def _builtin(self, name: str, args: tuple):
+        with self.builtin_lock:
+            marks = ", ".join("?" * len(args))
+            return self.builtin_conn.execute(f"SELECT {name}({marks})", args).fetchone()[0]
 
 
 class _Progress:
@@ -124,37 +157,64 @@ class _Progress:
 
     def __init__(self) -> None:
         self.job: _Job | None = None
-        self.calls = 0
+        self.temp = TempFiles()
+        self.next_count = 0.0
 
     def __call__(self) -> int:
         job = self.job
         if job is None:
             return 0
-        if job.abandoned or time.monotonic() > job.deadline:
+        now = time.monotonic()
+        if job.abandoned or now > job.deadline:
             job.stopped = job.stopped or "time"
             return 1
-        self.calls += 1
-        if self.calls % _TEMP_CHECK_EVERY == 0 and temp_bytes() > MAX_TEMP_BYTES:
-            job.stopped = "temp"
-            return 1
+        if now >= self.next_count:
+            self.next_count = now + _TEMP_CHECK_S
+            if self.temp.total() > TEMP_STOP_BYTES:
+                job.stopped = "temp"
+                return 1
         return 0
+
+
+class TempFiles:
+    """Counts the bytes of SQLite's temporary files this process holds open. SQLite unlinks them
+    (``etilqs_*``) as soon as it opens them, so only an open descriptor finds them.
+
+    Which file each descriptor is, is remembered by device and inode: a count lists
+    ``/proc/self/fd`` and stats each descriptor, and reads a link only for a file it has not seen.
+    """
+
+    _MAX_SEEN = 4096  # remembered files; past it the memory starts over
+
+    def __init__(self) -> None:
+        self._is_temp: dict[tuple[int, int], bool] = {}
+
+    def total(self) -> int:
+        """Bytes of temporary files open in this process now (0 where ``/proc`` is missing)."""
+        try:
+            fds = os.listdir("/proc/self/fd")
+        except OSError:
+            return 0
+        if len(self._is_temp) > self._MAX_SEEN:
+            self._is_temp.clear()
+        total = 0
+        for fd in fds:
+            try:
+                st = os.fstat(int(fd))
+                key = (st.st_dev, st.st_ino)
+                temp = self._is_temp.get(key)
+                if temp is None:
+                    temp = self._is_temp[key] = "etilqs_" in os.readlink(f"/proc/self/fd/{fd}")
+                if temp:
+                    total += st.st_size
+            except (OSError, ValueError):
+                continue
+        return total
 
 
 def temp_bytes() -> int:
-    """Bytes of deleted temporary files this process holds open: SQLite unlinks its temporary
-    files (``etilqs_*``) as soon as it opens them. 0 where ``/proc`` is missing."""
-    total = 0
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return 0
-    for fd in fds:
-        try:
-            if "etilqs_" in os.readlink(f"/proc/self/fd/{fd}"):
-                total += os.fstat(int(fd)).st_size
-        except (OSError, ValueError):
-            continue
-    return total
+    """Bytes of deleted temporary files this process holds open (see ``TempFiles``)."""
+    return TempFiles().total()
 
 
 def _serve(inbox: queue.SimpleQueue, conn: sqlite3.Connection, progress: _Progress) -> None:
@@ -224,6 +284,8 @@ class ReadOnlyDB:
             conn.enable_load_extension(False)
         for name in ("printf", "format"):
             conn.create_function(name, -1, self._cb.printf, deterministic=True)
+        for name in ("trim", "ltrim", "rtrim"):  # the one-argument forms trim spaces: linear, left as they are
+            conn.create_function(name, 2, self._cb.trimmer(name), deterministic=True)
         conn.set_authorizer(self._cb.authorize)
         progress = _Progress()
         conn.set_progress_handler(progress, _PROGRESS_OPCODES)
@@ -262,6 +324,7 @@ class ReadOnlyDB:
             raise SQLError("the database is still stopping earlier queries that ran too long; try again shortly")
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         job = _Job(sql, limit, self.max_bytes, time.monotonic() + timeout_s)
+        self._cb.refused = None
         self._inbox.put(job)
         if not self._wait(job, timeout_s) or job.stopped == "time":
             raise SQLError(f"query timed out after {timeout_s:g}s and was stopped")
@@ -269,6 +332,9 @@ class ReadOnlyDB:
             raise SQLError(f"the query needs more than {MAX_TEMP_BYTES // 2**20} MB of temporary storage "
                            "(sorting, DISTINCT, UNION or a recursive CTE over too many rows); it was stopped")
         if job.error is not None:
+            refused, self._cb.refused = self._cb.refused, None
+            if refused and "user-defined function raised exception" in str(job.error):
+                raise SQLError(refused)
             raise _as_sql_error(job.error)
         return job
 
@@ -343,8 +409,11 @@ def _decode_text(b: bytes) -> str:
 
 
 def check_printf_sizes(fmt: str, args: tuple) -> None:
-    """Raise ``ValueError`` if a width or precision in ``fmt`` (digits or ``*``) exceeds ``MAX_VALUE_BYTES``."""
+    """Raise ``ValueError`` if the widths and precisions in ``fmt`` (digits or ``*``) add up to more
+    than ``MAX_VALUE_BYTES``: SQLite's work for one call grows with their sum, and no result can
+    be longer than that anyway."""
     i = 0  # the next argument; ``*`` takes one, as does every conversion but %% and %n
+    work = 0
     for m in _PRINTF_SPEC.finditer(fmt):
         width, precision, conv = m.groups()
         for part in (width, precision):
@@ -352,10 +421,22 @@ def check_printf_sizes(fmt: str, args: tuple) -> None:
                 n, i = _as_int(args[i] if i < len(args) else 0), i + 1
             else:
                 n = int(part) if part else 0
-            if abs(n) > MAX_VALUE_BYTES:
-                raise ValueError(f"printf width or precision {n} is over the limit of {MAX_VALUE_BYTES}")
+            work += abs(n)
+            if work > MAX_VALUE_BYTES:
+                raise ValueError(f"printf widths and precisions add up to {work}, over the limit of {MAX_VALUE_BYTES}")
         if conv not in "%n":
             i += 1
+
+
+def check_trim_work(value, chars) -> None:
+    """Raise ``ValueError`` if trimming ``value`` by the set ``chars`` could take more than
+    ``MAX_TRIM_WORK`` comparisons (SQLite compares each character with every one of the set)."""
+    if value is None or chars is None:
+        return
+    size = len(value) if isinstance(value, (str, bytes)) else 32
+    n_chars = len(chars) if isinstance(chars, (str, bytes)) else 32
+    if size * n_chars > MAX_TRIM_WORK:
+        raise ValueError(f"trim of {size} characters by a set of {n_chars} is over the limit of {MAX_TRIM_WORK:,}")
 
 
 def _as_int(v) -> int:
@@ -372,7 +453,7 @@ def _as_sql_error(e: BaseException) -> SQLError:
     if "not authorized" in msg or "authorization denied" in msg or "prohibited" in msg:
         return SQLError(msg + " (this database is read-only: only SELECT queries and core SQL functions are allowed)")
     if "user-defined function raised exception" in msg:
-        return SQLError(f"printf/format failed: a width or precision over {MAX_VALUE_BYTES}, or too long a result")
+        return SQLError("printf/format or trim failed (too long a result?)")
     if isinstance(e, (sqlite3.Error, sqlite3.Warning)):  # Warning: "You can only execute one statement at a time."
         return SQLError(msg)
     return SQLError(f"{type(e).__name__}: {msg}")

@@ -21,7 +21,8 @@ case module's source), ``cases`` (case function names, run in order), ``targets`
 module whose calls are recorded), ``limits`` (CPU seconds per case), ``max_bytes`` (per case).
 Line per case: ``{"case": i, "status": "ok" | "error" | "timeout", "cpu_s": ..., "result" |
 "error": ...}``; the runner stops at the first case that is not ok (a failed case fails the
-task); last line ``{"done": true}``.
+task) unless the request says ``keep_going`` (a count of the cases that pass needs them all);
+last line ``{"done": true}``.
 """
 
 import json
@@ -234,7 +235,8 @@ def main():
         if status == "ok":
             status, err = "error", err or "the case exited without a result"
         emit({"case": i, "status": status, "cpu_s": cpu_s, "error": str(err or "the case timed out")[:400]})
-        break
+        if not req.get("keep_going"):
+            break
     emit({"done": True})
 
 

@@ -10,8 +10,16 @@ process compares them with the expected ones, which never enter a sandbox. The o
 every hidden case returns the expected values.
 
 Signals for G-RA / metrics in ``info``: ``file_modified`` (this step changed the repo),
-``visible_tests_passed`` (fraction, on steps that ran them), ``modified`` and ``submitted``
+``visible_tests_passed`` (on steps that ran the tests: the fraction of the cases the agent was
+shown, the statement's example and the visible tests', that its source files pass, judged by the
+grader as at submit; nothing the agent's code prints moves it), ``modified`` and ``submitted``
 (episode so far), ``won``.
+
+Whatever the sandbox answers, a step returns: a tool whose sandbox call fails gives an error
+observation, and a failure to read the sandbox's state after the tools ran (the repo digest)
+ends the episode, truncated, with ``info["truncated_reason"]``, and closes the sandbox (the next
+reset starts a fresh one). The digest walks at most ``MAX_REPO_ENTRIES`` files and directories:
+a repo with more gets an error observation, not a step of minutes.
 """
 
 from __future__ import annotations
@@ -34,8 +42,15 @@ SYSTEM_PROMPT = (
     "Inspect the code, edit files, and run the visible tests with the tools. There is no network. "
     "When the bug is fixed, call submit: hidden tests then grade your fix and the episode ends."
 )
-_SUMMARY = re.compile(r"(\d+) (passed|failed|errors?)\b")
-_IGNORED = ("./.pytest_cache/*", "*/__pycache__/*")
+MAX_REPO_ENTRIES = 10_000  # files and directories the repo digest walks (a task's repo has tens)
+DIGEST_TIMEOUT_S = 20.0
+TOO_MANY_FILES = "too-many-files"  # the digest of a repo past MAX_REPO_ENTRIES
+# The repo digest, in the sandbox: first a count that stops at $1 + 1 entries, then the hash of
+# every file (caches left out), the list cut at $1 entries however it grew in between. Only one
+# line leaves the sandbox.
+_PRUNE = r"\( -type d \( -path ./.pytest_cache -o -name __pycache__ \) \) -prune -o"
+_DIGEST = (f'n=$(find . {_PRUNE} -print | head -n $(($1 + 1)) | wc -l); [ "$n" -le "$1" ] || {{ echo {TOO_MANY_FILES}; exit 0; }}; '
+           f'find . {_PRUNE} -type f -print0 | head -z -n "$1" | sort -z | xargs -0 -r sha1sum | sha1sum | cut -c1-40')
 _MUTATIONS = {  # random single-token edits for the random-admissible baseline
     "op": ["+", "-", "*", "//", "%", "<", "<=", ">", ">=", "==", "!="],
     "num": ["0", "1", "2", "-1"],
@@ -97,8 +112,9 @@ class SWEEnv(TextEnv):
         self.command_timeout_s = command_timeout_s
         self.test_timeout_s, self.grade_timeout_s = test_timeout_s, grade_timeout_s
         # The sandbox bounds every call; this only catches a wedged engine: the most calls one
-        # step may make, each at its longest, with the host's grace per call.
-        self.step_deadline_s = MAX_CALLS_PER_ACTION * (max(command_timeout_s, grade_timeout_s) + 30.0) + 120.0
+        # step may make, each at its longest (run_tests: the visible tests, then the grader's
+        # run of the shown cases), with the host's grace per call.
+        self.step_deadline_s = MAX_CALLS_PER_ACTION * (max(command_timeout_s, 2 * grade_timeout_s) + 30.0) + 120.0
         config = sandbox_config or SandboxConfig(timeout_s=command_timeout_s)
         self._provider = SandboxProvider(sandbox, config, pool_size)
         self._sb: Sandbox | None = None
@@ -132,13 +148,26 @@ class SWEEnv(TextEnv):
         ]
 
     def _step_outcome(self, parsed, results) -> StepOutcome:
+        try:
+            return self._read_outcome(parsed)
+        except Exception as e:  # noqa: BLE001 -- sandbox data never raises out of a step
+            reason = f"the sandbox's state could not be read ({type(e).__name__}: {str(e)[:200]}); it was closed"
+            self._close_sandbox()
+            info = {"file_modified": False, "modified": self._modified, "submitted": self._submitted,
+                    "visible_tests_passed": None, "won": self._solved}
+            self._step_tests = None
+            return StepOutcome(messages=[Message("user", f"Error: {reason}. The episode ends here.")], info=info,
+                               truncated_reason=reason)
+
+    def _read_outcome(self, parsed) -> StepOutcome:
         touched = any(c.name in ("bash", "edit_file") for c in parsed.calls)
         file_modified = False
+        msgs = []
         if touched and self._sb is not None and not self._sb.closed:
-            try:
-                digest = self._repo_digest()
-            except SandboxError:
-                digest = self._digest
+            digest = self._repo_digest()
+            if digest == TOO_MANY_FILES:
+                msgs.append(Message("user", f"Error: the repository holds more than {MAX_REPO_ENTRIES:,} files and "
+                                            "directories; remove what you added (caches aside, a task's repo has tens)."))
             file_modified = digest != self._digest
             self._digest = digest
             self._modified = digest != self._orig_digest
@@ -147,7 +176,8 @@ class SWEEnv(TextEnv):
             "visible_tests_passed": self._step_tests, "won": self._solved,
         }
         self._step_tests = None
-        msgs = [Message("user", self._grade_report)] if self._submitted else []
+        if self._submitted:
+            msgs.append(Message("user", self._grade_report))
         reward = float(self._solved) if self._submitted else 0.0
         return StepOutcome(reward=reward, terminated=self._submitted, messages=msgs, info=info)
 
@@ -280,11 +310,16 @@ class SWEEnv(TextEnv):
                 f"--timeout={self.test_timeout_s:g}", *extra]
 
     def _run_visible_tests(self) -> str:
-        res = self._box().exec(self._pytest(["-rf", *self._task.visible_tests]), timeout=self.grade_timeout_s)
-        counts = {k: int(n) for n, k in _SUMMARY.findall(res.stdout.strip().splitlines()[-1] if res.stdout.strip() else "")}
-        passed = counts.get("passed", 0)
-        total = passed + counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
-        self._step_tests = passed / total if total else 0.0
+        box, task = self._box(), self._task
+        res = box.exec(self._pytest(["-rf", *task.visible_tests]), timeout=self.grade_timeout_s)
+        # pytest's report is for the agent to read; its code can print or patch any of it (an
+        # atexit "99 passed", a conftest hook). The signal comes from the grader instead.
+        try:
+            files = grading.collect_sources(box, task.source_files, kill=False)
+        except (grading.SubmitRefused, SandboxError, OSError, tarfile.TarError):
+            files = None  # a link or an oversized file: nothing that would pass a submit
+        self._step_tests = 0.0 if files is None else grading.shown_cases_passed(
+            self._provider.new, task.hidden_cases, files, self.test_timeout_s, self.grade_timeout_s)
         return res.observation(self.grade_timeout_s)
 
     def _submit(self) -> str:
@@ -293,8 +328,8 @@ class SWEEnv(TextEnv):
             files = grading.collect_sources(box, task.source_files)
         except grading.SubmitRefused as e:  # the episode goes on: the agent can put it right
             raise ValueError(f"not submitted: {e}") from None
-        except (SandboxError, OSError, tarfile.TarError) as e:
-            files, why = None, f"grading failed: cannot read your files ({e})"
+        except Exception as e:  # noqa: BLE001 -- whatever the sandbox answered, the submit is graded as failed
+            files, why = None, f"grading failed: cannot read your files ({type(e).__name__}: {str(e)[:200]})"
         self._submitted = True
         self._close_sandbox()  # nothing the agent started outlives this: grading happens elsewhere
         if files is not None:
@@ -305,15 +340,17 @@ class SWEEnv(TextEnv):
 
     def _repo_digest(self) -> str:
         """Hash of every file in the repo (caches excluded): detects any change, by any tool. It is
-        computed in the sandbox (40 bytes come back, however many files there are)."""
-        box = self._sb
-        excludes = " ".join(f"! -path '{p}'" for p in _IGNORED)
-        res = box.exec(f"find . -type f {excludes} -print0 | sort -z | "
-                       "xargs -0 -r sha1sum | sha1sum | cut -c1-40", timeout=60, max_output=4096)
+        computed in the sandbox (one line comes back, however many files there are), or
+        ``TOO_MANY_FILES`` past ``MAX_REPO_ENTRIES`` files and directories.
+
+        Raises:
+            SandboxError: The sandbox answered anything else.
+        """
+        res = self._sb.exec(["sh", "-c", _DIGEST, "sh", str(MAX_REPO_ENTRIES)], timeout=DIGEST_TIMEOUT_S, max_output=4096)
         digest = res.stdout.strip()
-        if res.exit_code != 0 or len(digest) != 40:
-            raise SandboxError(f"cannot hash the repo: {res.stderr[:200]}")
-        return digest
+        if res.exit_code == 0 and (digest == TOO_MANY_FILES or re.fullmatch(r"[0-9a-f]{40}", digest)):
+            return digest
+        raise SandboxError(f"cannot hash the repo: {res.observation(DIGEST_TIMEOUT_S)[:300]}")
 
     # ----- scripted hints --------------------------------------------------------------------
     def oracle_action(self) -> str | None:
@@ -330,7 +367,11 @@ class SWEEnv(TextEnv):
             return None
         calls = [ToolCall("a", "run_tests", {}), ToolCall("a", "submit", {}),
                  ToolCall("a", "bash", {"command": "ls -R"})]
-        sources = self._sb.read_files([p for p in self._task.source_files if p.endswith(".py")], max_bytes=MAX_EDIT_BYTES)
+        try:
+            sources = self._sb.read_files([p for p in self._task.source_files if p.endswith(".py")],
+                                          max_bytes=MAX_EDIT_BYTES)
+        except Exception:  # noqa: BLE001 -- a hint, never a reason for a step to raise
+            sources = {}
         for path, text in sources.items():
             calls.append(ToolCall("a", "view_file", {"path": path}))
             calls += _random_edits(path, text, self.np_random, 4)

@@ -45,27 +45,43 @@ _LIST_SOURCES = ('for f in "$@"; do if [ -L "$f" ]; then echo "link 0 $f"; elif 
                  'echo "file $(stat -c %s -- "$f") $f"; elif [ -e "$f" ]; then echo "other 0 $f"; fi; done')
 
 
-def collect_sources(box: Sandbox, allowed: list[str], max_bytes: int = MAX_SOURCE_BYTES) -> dict[str, str]:
+def collect_sources(box: Sandbox, allowed: list[str], max_bytes: int = MAX_SOURCE_BYTES, *,
+                    kill: bool = True) -> dict[str, str]:
     """Kill what the agent left running, then read the allow-listed files out of its sandbox.
 
     Only regular files at exactly the allowed paths come back; anything else the agent made
     (plugins, ``.pth`` files, caches) is never copied. Missing files are left out.
 
+    Args:
+        kill: End the agent's processes first (at submit). Without it (a look at the files
+            mid-episode), a file a running process changes is read as it happens to be.
+
     Raises:
         SubmitRefused: An allowed path is a link or not a regular file, or larger than ``max_bytes``.
+        SandboxError: The listing is not what the sandbox's own ``sh`` prints (it is checked,
+            line by line, before anything in it is believed).
     """
-    box.kill_all()
+    if kill:
+        box.kill_all()
     listing = box.exec(["sh", "-c", _LIST_SOURCES, "sh", *allowed], timeout=60, max_output=1 << 16)
     for line in listing.stdout.splitlines():
-        kind, size, path = line.split(" ", 2)
+        kind, size, path = _listing_line(line, allowed)
         if kind == "link":
             raise SubmitRefused(f"{path} is a symbolic link; only regular files are graded. Replace it with the file itself.")
         if kind != "file":
             raise SubmitRefused(f"{path} is not a regular file")
-        if int(size) > max_bytes:
-            raise SubmitRefused(f"{path} is {int(size):,} bytes; a source file may be at most {max_bytes:,} bytes")
+        if size > max_bytes:
+            raise SubmitRefused(f"{path} is {size:,} bytes; a source file may be at most {max_bytes:,} bytes")
     files = box.read_files(list(allowed), max_bytes=max_bytes)
     return {p: text for p, text in files.items() if p in set(allowed)}
+
+
+def _listing_line(line: str, allowed: list[str]) -> tuple[str, int, str]:
+    kind, _, rest = line.partition(" ")
+    size, _, path = rest.partition(" ")
+    if kind not in ("link", "file", "other") or not size.isdigit() or len(size) > 15 or path not in allowed:
+        raise SandboxError(f"the sandbox listed the source files in a form it cannot print: {line[:100]!r}")
+    return kind, int(size), path
 
 
 def case_limits(suite: CaseSuite, cap_s: float) -> list[float]:
@@ -94,16 +110,58 @@ def grade_in_fresh_sandbox(box: Sandbox, suite: CaseSuite, files: dict[str, str]
     Returns:
         ``(every case returned the expected values, a one-line summary)``.
     """
+    report, timed_out = run_cases(box, suite, files, case_timeout_s, timeout_s)
+    if report is None:
+        return False, "the test run produced more output than the grader accepts"
+    return judge(suite, report, timed_out)
+
+
+def run_cases(box: Sandbox, suite: CaseSuite, files: dict[str, str], case_timeout_s: float, timeout_s: float, *,
+              keep_going: bool = False) -> tuple[list[dict | None] | None, bool]:
+    """Run ``suite`` on ``files`` in ``box`` (a sandbox no agent process ever ran in).
+
+    Args:
+        keep_going: Run every case, past the first that fails (to count the cases that pass).
+
+    Returns:
+        The runner's report (one message or ``None`` per case; ``None`` for the whole report when
+        it is larger than the grader accepts) and whether the run hit its deadline.
+    """
     box.put_files({**files, **suite.support})
     nonce = secrets.token_hex(16)
     limits = case_limits(suite, case_timeout_s)
     request = {"root": box.workdir, "module": suite.module, "cases": list(suite.cases), "targets": list(suite.targets),
-               "limits": limits, "max_bytes": MAX_REPORT_BYTES // max(1, len(suite.cases)), "nonce": nonce}
+               "limits": limits, "max_bytes": MAX_REPORT_BYTES // max(1, len(suite.cases)), "nonce": nonce,
+               "keep_going": keep_going}
     res = box.exec_direct([*_PY, "-c", RUNNER_SOURCE], timeout=min(float(timeout_s), run_deadline(limits)),
                           stdin=json.dumps(request).encode(), max_output=MAX_REPORT_BYTES)
     if res.stdout_bytes > len(res.stdout.encode()):
-        return False, "the test run produced more output than the grader accepts"
-    return judge(suite, parse_report(res.stdout, nonce, len(suite.cases)), res.timed_out)
+        return None, res.timed_out
+    return parse_report(res.stdout, nonce, len(suite.cases)), res.timed_out
+
+
+def shown_cases_passed(new_sandbox, suite: CaseSuite | None, files: dict[str, str], case_timeout_s: float,
+                       timeout_s: float) -> float | None:
+    """The fraction of the cases the agent was shown (``suite.shown``: the statement's example,
+    the visible tests) that ``files`` pass, judged as at submit: in a fresh sandbox from
+    ``new_sandbox()``, by values compared here. Nothing the agent's code prints takes part.
+
+    Returns:
+        The fraction, or ``None`` when the task shows no case or the run could not be made.
+    """
+    if suite is None or not suite.shown:
+        return None
+    shown = suite.only(suite.shown)
+    if not shown.cases:
+        return None
+    try:
+        with new_sandbox() as box:
+            report, _ = run_cases(box, shown, files, case_timeout_s, timeout_s, keep_going=True)
+    except SandboxError:
+        return None
+    if report is None:
+        return 0.0
+    return sum(not _case_failure(msg, want) for msg, want in zip(report, shown.expected)) / len(shown.cases)
 
 
 def parse_report(stdout: str, nonce: str, n_cases: int) -> list[dict | None]:

@@ -1,14 +1,16 @@
 """The sandbox interface every backend implements, its limits, and what one command returns.
 
 A ``Sandbox`` is a place to run untrusted shell commands: a writable working directory with a
-size limit, no network, memory / process / time limits, and a non-root user. Backends only
+size limit and a file-count limit, no network, memory / process / time limits, and a non-root user. Backends only
 implement ``_run`` (one command with a deadline and capped output), ``_kill_all`` and
 ``_close``; files, snapshots and the context-manager behaviour are built on top of ``_run``
 here, so every backend behaves the same at the edges.
 
 Output is capped inside the sandbox, before the host reads it: a command's stdout and stderr
 each come back as at most ``max_output`` bytes (head and tail), however much it writes, and
-``bytes_received`` counts what the host did read. File reads take a byte limit of their own.
+``bytes_received`` counts what the host did read. File reads take a byte limit of their own. The
+host does not take the cap on trust: it checks every answer's lengths and shape before it reads
+the bytes (``wire.py``), so an answer forged in the sandbox costs it no more than a real one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class SandboxConfig:
     workdir_size_mb: int = field(default=256, metadata={"help": "size of the writable workdir (tmpfs)"})
     tmp_size_mb: int = field(default=64, metadata={"help": "size of /tmp (tmpfs)"})
     shm_size_mb: int = field(default=64, metadata={"help": "size of /dev/shm (tmpfs, one per sandbox)"})
+    max_files: int = field(default=32_768, metadata={
+        "help": "files and directories each writable mount (workdir, /tmp, /dev/shm) may hold: tmpfs nr_inodes. "
+                "Every one pins ~1 KB of kernel memory, however small the file"})
     nofile: int = field(default=1024, metadata={"help": "max open files per process"})
     timeout_s: float = field(default=30.0, metadata={"help": "default per-command wall-clock limit"})
     max_output_bytes: int = field(default=32_768, metadata={"help": "stdout/stderr kept per command (head + tail)"})
@@ -40,7 +45,8 @@ class SandboxConfig:
     def __post_init__(self) -> None:
         if not self.workdir.startswith("/") or self.workdir == "/":
             raise ValueError(f"workdir must be an absolute path below /, got {self.workdir!r}")
-        for name in ("memory_mb", "pids_limit", "workdir_size_mb", "tmp_size_mb", "shm_size_mb", "nofile", "max_output_bytes"):
+        for name in ("memory_mb", "pids_limit", "workdir_size_mb", "tmp_size_mb", "shm_size_mb", "max_files", "nofile",
+                     "max_output_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.timeout_s <= 0 or self.cpus <= 0:

@@ -1,17 +1,19 @@
 """``DockerBackend``: one locked-down container per sandbox, and a warm pool for fast resets.
 
 Every container runs the locally built image (``turngym.tools.sandbox.image``) with no network,
-memory / CPU / pids limits, all capabilities dropped, no-new-privileges, a read-only root, a
-size-limited tmpfs workdir, ``/tmp`` and ``/dev/shm``, and commands run as uid 1000. PID 1 is
-root's (without capabilities) and non-dumpable: a command cannot ptrace or signal it, so nothing
+memory / CPU / pids limits, every capability dropped but root's CAP_KILL, no-new-privileges, a read-only root, a
+tmpfs workdir, ``/tmp`` and ``/dev/shm`` limited in size and file count, and commands run as uid 1000. PID 1 is
+root's (with CAP_KILL alone) and non-dumpable: a command cannot ptrace or signal it, so nothing
 the agent runs can hide in it from ``kill_all``. Each command runs under a small supervisor in
 the container: ``_runner.serve``, one long-lived, non-dumpable process per container that the
 host talks to over one exec's stdin/stdout. It kills the command's whole process group at the
 deadline or when the command ends, so background jobs do not outlive it, and caps the output
-there, so the host reads at most ``max_output`` bytes per stream. A command that kills or stops
-it costs one restart. ``exec_direct`` runs a
-trusted program with no supervisor at all: nothing of the sandbox user sits between it and the
-host (its parent is outside the container). Containers carry a ``turngym.sandbox`` label and their owner's host:pid; the
+there, so the host reads at most ``max_output`` bytes per stream (and checks that it did:
+``wire.py``). A command that kills or stops it costs one restart, and every restart first ends
+every process of the sandbox user (``kill -1`` as root, which they cannot signal or ptrace): a new supervisor is dumpable for the
+moments before it calls ``prctl``, and a survivor that opened its stdout then could answer in its
+place. ``exec_direct`` runs a trusted program with no supervisor at all, after the same sweep:
+nothing of the sandbox user sits between it and the host (its parent is outside the container). Containers carry a ``turngym.sandbox`` label and their owner's host:pid; the
 janitor (``cleanup_containers``) removes those whose owner is gone, and an ``atexit`` hook
 removes this process's own.
 """
@@ -31,6 +33,7 @@ from turngym.tools.sandbox import _runner
 from turngym.tools.sandbox.base import RawResult, Sandbox, SandboxConfig, SandboxError
 from turngym.tools.sandbox._runner import Capture
 from turngym.tools.sandbox.docker_stream import Server, close_hijacked, read_frames
+from turngym.tools.sandbox.wire import MAX_HEAD_BYTES, MalformedAnswer, parse_head
 
 LABEL = "turngym.sandbox"
 OWNER_LABEL = "turngym.owner"
@@ -46,6 +49,10 @@ _BOOT = "import os; exec(os.environ.pop('TURNGYM_SUPERVISOR'))"
 _INIT = ("import signal\ntry:\n    import ctypes\n    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\n"
          "except Exception:\n    pass\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\nwhile True:\n    signal.pause()\n")
 INIT_USER = "0:0"
+# SIGKILL to every process in the container but PID 1 and this shell, again until none is left
+# (bounded: 2 s at most), so no fork outruns it.
+_KILL_EVERYTHING = ("kill -s KILL -- -1 2>/dev/null; i=0; while [ $i -lt 200 ] && kill -s 0 -- -1 2>/dev/null; "
+                    "do kill -s KILL -- -1 2>/dev/null; sleep 0.01; i=$((i+1)); done; true")
 
 _local = threading.local()
 _live: set[str] = set()  # containers this process created and has not removed
@@ -124,11 +131,19 @@ def container_kwargs(config: SandboxConfig, image: str) -> dict:
     mem = f"{c.memory_mb}m"
     return dict(
         image=image, detach=True, labels={LABEL: "1", OWNER_LABEL: owner_id()},
-        command=["python3", "-I", "-S", "-c", _INIT], user=INIT_USER, shm_size=f"{c.shm_size_mb}m",
+        command=["python3", "-I", "-S", "-c", _INIT], user=INIT_USER,
         network_mode="none", mem_limit=mem, memswap_limit=mem, nano_cpus=int(c.cpus * 1e9),
-        pids_limit=c.pids_limit, cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True,
-        tmpfs={c.workdir: f"rw,exec,nosuid,nodev,size={c.workdir_size_mb}m,uid=1000,gid=1000,mode=0755",
-               "/tmp": f"rw,exec,nosuid,nodev,size={c.tmp_size_mb}m,mode=1777"},
+        pids_limit=c.pids_limit, security_opt=["no-new-privileges"], read_only=True,
+        # CAP_KILL is the one capability left, and only root's processes hold it (PID 1 and the
+        # sweep that ends the sandbox user's processes): uid 1000 starts with none and, with
+        # no-new-privileges, cannot gain one.
+        cap_drop=["ALL"], cap_add=["KILL"],
+        # Every writable mount is a tmpfs with a size and a file-count limit. /dev/shm is one of
+        # them (Docker's own takes only a size), so the container gets no IPC mount of Docker's.
+        ipc_mode="none",
+        tmpfs={c.workdir: f"rw,exec,nosuid,nodev,size={c.workdir_size_mb}m,nr_inodes={c.max_files},uid=1000,gid=1000,mode=0755",
+               "/tmp": f"rw,exec,nosuid,nodev,size={c.tmp_size_mb}m,nr_inodes={c.max_files},mode=1777",
+               "/dev/shm": f"rw,nosuid,nodev,noexec,size={c.shm_size_mb}m,nr_inodes={c.max_files},mode=1777"},
         working_dir=c.workdir, hostname="sandbox", environment=dict(c.env),
         ulimits=[Ulimit(name="nofile", soft=c.nofile, hard=c.nofile), Ulimit(name="core", soft=0, hard=0),
                  Ulimit(name="fsize", soft=c.workdir_size_mb * 2**20, hard=c.workdir_size_mb * 2**20)],
@@ -222,6 +237,7 @@ class DockerBackend(Sandbox):
     def __init__(self, config: SandboxConfig | None = None, *, image: str | None = None,
                  pool: DockerPool | None = None) -> None:
         self._server: Server | None = None
+        self._dirty = False  # a process of the sandbox user may be running (none has in a new container)
         if pool is not None:
             super().__init__(pool.config)
             self._pool, self.image = pool, pool.image
@@ -241,7 +257,9 @@ class DockerBackend(Sandbox):
         return self._request(req, stdin or b"", timeout + _HOST_GRACE_S)
 
     def _run_direct(self, argv, timeout, stdin, max_output, cwd) -> RawResult:
+        self._end_survivors()  # nothing left over may race to open the new process's descriptors
         t0 = time.monotonic()
+        self._dirty = True
         out, err, code, timed_out = self._exec(argv, stdin, t0 + timeout, max_output, cwd)
         return RawResult(code, out.value(), err.value(), timed_out, time.monotonic() - t0, out.total, err.total)
 
@@ -253,11 +271,27 @@ class DockerBackend(Sandbox):
             self._kill_everything()
 
     def _kill_everything(self) -> None:
+        """End every process of the sandbox user, the supervisor included (it goes with the rest)."""
+        import docker
+
         self._drop_server()
         api = docker_client().api
-        ex = api.exec_create(self.container_id, ["sh", "-c", "kill -s KILL -- -1 2>/dev/null; true"],
-                             user=SANDBOX_USER)
-        api.exec_start(ex["Id"])  # waits for it to finish
+        try:
+            # As root, with the container's one capability (CAP_KILL): a shell of the sandbox user
+            # could be stopped (SIGSTOP) or ptraced by the very processes it is there to end.
+            ex = api.exec_create(self.container_id, ["sh", "-c", _KILL_EVERYTHING], user=INIT_USER)
+            api.exec_start(ex["Id"])  # waits for it to finish; only root's shell writes there
+        except docker.errors.APIError as e:
+            raise SandboxError(f"cannot end the sandbox's processes: {e.explanation or e}") from e
+        self._dirty = False
+
+    def _end_survivors(self) -> None:
+        """Before a new process of the sandbox user starts with a channel to the host: end every
+        process of that user, if any ever ran. A survivor could otherwise open the new process's
+        stdout through ``/proc/<pid>/fd/1`` in the moment before it makes itself non-dumpable,
+        and answer in its place."""
+        if self._dirty:
+            self._kill_everything()
 
     # ----- the supervisor: one long-lived exec per container (``_runner.serve``) ----------------
     def _request(self, req: dict, payload: bytes, wait_s: float) -> RawResult:
@@ -268,15 +302,23 @@ class DockerBackend(Sandbox):
             self._drop_server()  # killed between commands (by an escaped process): start another
         server = self._server or self._start_server()
         try:
+            if server.unasked():
+                raise MalformedAnswer("bytes before the request")
             server.raw.sendall(json.dumps(req).encode() + b"\n" + payload)
-            head = json.loads(server.read_line(deadline))
+            head = parse_head(server.read_line(deadline, MAX_HEAD_BYTES), req.get("max_output", 0))
             out = server.read_n(head["stdout_len"], deadline)
             err = server.read_n(head["stderr_len"], deadline)
+            if server.pending():
+                raise MalformedAnswer(f"{server.pending()} bytes after the answer")
         except TimeoutError:  # stopped or wedged: nothing of the sandbox user survives this
             self._kill_everything()
             why = b"[the command's supervisor did not answer within the deadline; every process was killed]"
             return RawResult(137, b"", why, True, wait_s, 0, len(why))
-        except (OSError, ValueError, KeyError, EOFError) as e:  # the command killed its supervisor
+        except MalformedAnswer as e:  # not the supervisor talking: whatever did, it ends here
+            self._kill_everything()
+            why = f"[the sandbox's answer was malformed ({e}); every process in the sandbox was killed]".encode()
+            return RawResult(125, b"", why, False, 0.0, 0, len(why))
+        except (OSError, EOFError) as e:  # the command killed its supervisor
             self._drop_server()
             why = f"[the sandbox's command supervisor died during the command ({type(e).__name__}); its output is lost]"
             return RawResult(137, b"", why.encode(), False, 0.0, 0, len(why))
@@ -288,6 +330,8 @@ class DockerBackend(Sandbox):
     def _start_server(self) -> Server:
         import docker
 
+        self._end_survivors()
+        self._dirty = True
         api = docker_client().api
         try:
             ex = api.exec_create(self.container_id, ["python3", "-I", "-S", "-c", _BOOT, "{}"], stdin=True,
