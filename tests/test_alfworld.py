@@ -64,8 +64,10 @@ def test_play_invalid_command_determinism_and_hints(data_dir):
     assert info["oracle_action"] == u.walkthrough()[0] and u.walkthrough()
     assert info["oracle_action"] in info["admissible_actions"]
     start_key = info["state_key"]
+    assert obs[-1].content.endswith("Admissible commands: go to (any receptacle of the room), inventory, look.")
     obs, reward, term, _, info = env.step("dance wildly")
-    assert obs[0].content == "Nothing happens." and not info["action_valid"] and info["state_key"] == start_key
+    assert obs[0].content == "Nothing happens.\n\nAdmissible commands: as before."
+    assert not info["action_valid"] and info["state_key"] == start_key
     obs, reward, term, _, info = env.step(info["oracle_action"])
     assert info["action_valid"] and info["state_key"] != start_key and reward == 0.0
     json.dumps(info)
