@@ -117,8 +117,8 @@ def test_success_table_by_type():
     rows = success_by_type(trajs)
     assert rows == {"look_at_obj_in_light": (1, 2), "pick_two_obj_and_place": (1, 1), "all": (2, 3)}
     lines = format_table(rows).splitlines()
-    assert lines[2].split() == ["look_at_obj_in_light", "1/2", "50.0%"]
-    assert lines[-1].split() == ["all", "2/3", "66.7%"]
+    assert lines[2].split() == ["look_at_obj_in_light", "1/2", "50.0%", "9.5%-90.5%"]  # Wilson's interval
+    assert lines[-1].split() == ["all", "2/3", "66.7%", "20.8%-93.9%"]
 
 
 @pytest.mark.slow
