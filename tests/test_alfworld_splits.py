@@ -12,7 +12,7 @@ import pytest
 
 import turngym
 from turngym.data.local import add_local
-from turngym.envs.alfworld.engine import AlfworldEngine
+from turngym.envs.engine import EngineProcess
 from turngym.envs.alfworld.games import TASK_TYPES, list_games
 
 pytestmark = pytest.mark.data
@@ -91,27 +91,33 @@ def test_oracle_replies_and_the_walkthrough_the_engine_plays(root):
     env.close()
 
 
-def test_translation_memo_changes_no_observation(root):
+def test_memos_change_no_observation(root):
+    """Three games played from their start (the first twice: a replay resets a loaded game) with the
+    expert's moves and some that fail, once in an engine with ``memo.py``'s memos and once in a plain
+    one, each in a fresh process: every observation, admissible list and state digest is the same."""
     pytest.importorskip("alfworld")
     games = list_games(root, "valid_seen")[:3]
     infos = {"won": True, "facts": True, "extras": ["walkthrough"], "admissible_commands": True,
              "policy_commands": False}
 
     def play(memo: bool) -> tuple[list, dict]:
-        engine = AlfworldEngine(infos, memo=memo)
+        engine = EngineProcess("turngym.envs.alfworld.engine:AlfworldEngine", {"infos": infos, "memo": memo})
         seen = []
-        for g in games:
-            engine.load(str(g.path))
-            for _ in range(2):  # a replay of the same game resets it again
-                start = engine.reset()
-                seen.append(start)
-                seen += [engine.step(c) for c in ["look", *start["walkthrough"]]]
-        stats = engine.translation_stats()
-        engine.close()
-        return seen, stats
+        try:
+            for g in games:
+                engine.call("load", str(g.path), deadline_s=120)
+                for _ in range(2 if g == games[0] else 1):
+                    start = engine.call("reset", deadline_s=120)
+                    seen.append(start)
+                    for c in ["look", "dance", "open fridge 1", "inventory", *start["walkthrough"]]:
+                        seen.append(engine.call("step", c, deadline_s=60))
+            return seen, engine.call("translation_stats", deadline_s=10)
+        finally:
+            engine.close()
 
-    plain, _ = play(False)
+    plain, none = play(False)
     kept, stats = play(True)
     assert kept == plain and plain[-1]["won"]
-    # per game: two translations (plain and for the replanner) at load, two per reset; kept: one
-    assert stats == {"calls": 3 * 6, "misses": 3}
+    assert none == {"calls": 0, "misses": 0}
+    # two translations (plain, and for the replanner) at each load and reset; with the memos one a game
+    assert stats == {"calls": 2 * (3 + 4), "misses": 3}
