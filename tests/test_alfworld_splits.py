@@ -58,8 +58,12 @@ def test_train_split_holds_alfworld_s_games_less_those_of_eval_tasks(root):
     assert not {g.task for g in train} & {g.task for g in seen}  # no held-out task is a training task
     assert not {g.task_id for g in every} & {g.task_id for g in seen}  # ids never were shared
     env = turngym.make("turngym/ALFWorld-v0", data_dir=str(root))  # split train: without them by default
+    test = turngym.make("turngym/ALFWorld-v0", data_dir=str(root), split="test")
     assert env.unwrapped.task_ids == [g.task_id for g in train]
+    content = lambda e: {e.unwrapped.task_content(t) for t in e.unwrapped.task_ids}  # noqa: E731
+    assert len(content(test)) == 137 and not content(env) & content(test)
     env.close()
+    test.close()
     env = turngym.make("turngym/ALFWorld-v0", data_dir=str(root), exclude_eval_tasks=False)
     assert len(env.unwrapped.task_ids) == 3553
     env.close()

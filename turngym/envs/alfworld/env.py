@@ -179,6 +179,12 @@ class ALFWorldEnv(EngineBacked, WalkthroughMixin, TextEnv):
     def task_type(self, task_id: str) -> str:
         return self._by_id[task_id].task_type
 
+    def task_content(self, task_id: str) -> str:
+        """What a game is about, beyond its id: its task folder (type, object, receptacle and room),
+        which ALFWorld's trials of one task share. Two splits are disjoint in content when no
+        ``task_content`` of one is one of the other's (``games.py``)."""
+        return self._by_id[task_id].task
+
     def outcome(self) -> float:
         return 1.0 if self._won else 0.0
 
