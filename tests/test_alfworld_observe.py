@@ -15,7 +15,7 @@ from turngym.data import dataset_path
 from turngym.data.local import add_local
 from turngym.data.registry import COMPLETE_STAMP, download_dir
 from turngym.envs.alfworld.games import TASK_TYPES, AlfworldGame, mixed_order
-from turngym.envs.alfworld.observe import UNCHANGED, admissible_text, room_places, system_prompt
+from turngym.envs.alfworld.observe import admissible_text, room_places, system_prompt
 
 KITCHEN = ["cabinet 1", "cabinet 2", "countertop 1", "fridge 1", "microwave 1"]
 START = [f"go to {p}" for p in KITCHEN] + ["help", "inventory", "look"]
@@ -27,7 +27,7 @@ def at(place: str, *more: str) -> list[str]:
                                                                     f"examine {place}", *more])
 
 
-def test_compact_folds_go_to_drops_help_and_says_when_nothing_changed():
+def test_compact_folds_go_to_and_objects_drops_help_and_repeats_nothing():
     places = room_places(START)
     assert places == tuple(KITCHEN)
     assert admissible_text(START, "compact", places) == "Admissible commands: go to (any receptacle of the room), inventory, look."
@@ -35,7 +35,11 @@ def test_compact_folds_go_to_drops_help_and_says_when_nothing_changed():
     assert admissible_text(here, "compact", places, previous=START) == (
         "Admissible commands: go to (any receptacle of the room but fridge 1), examine fridge 1, inventory, look, "
         "open fridge 1.")
-    assert admissible_text(here, "compact", places, previous=here) == UNCHANGED
+    assert admissible_text(here, "compact", places, previous=here) == ""  # unchanged: the last list holds
+    table = at("countertop 1", "take apple 1 from countertop 1", "take mug 2 from countertop 1", "examine mug 2")
+    assert admissible_text(table, "compact", places) == (
+        "Admissible commands: go to (any receptacle of the room but countertop 1), examine countertop 1, mug 2, "
+        "inventory, look, take apple 1, mug 2 from countertop 1.")
     # targets that are not the room less one or two receptacles are written out, each one
     odd = ["go to cabinet 1", "go to fridge 1", "look"]
     assert admissible_text(odd, "compact", places) == "Admissible commands: go to cabinet 1, go to fridge 1, look."
@@ -52,7 +56,8 @@ def test_all_lists_every_command_as_alfworld_does_and_none_lists_nothing():
 def test_system_prompt_names_alfworld_verbs_and_the_listing():
     text = system_prompt("text", "compact")
     assert "'move mug 1 to shelf 1'" in text and "put" not in text  # ALFWorld's grammar says move, not put
-    assert "admissible now" in text and "single line" in text
+    assert "admissible now when they changed" in text and "single line" in text
+    assert "Each observation ends with the commands admissible now" in system_prompt("text", "all")
     assert "admissible" not in system_prompt("xml", "none") and "`act` tool" in system_prompt("xml", "none")
 
 
