@@ -52,9 +52,9 @@ class ALFWorldEnv(EngineBacked, WalkthroughMixin, TextEnv):
             every type) or ``id`` (sorted by task id, which groups the types).
         exclude_eval_tasks: Leave out the training games whose task (type, object, receptacle and
             room) an eval split also holds (``games.py``); ``None``: for ``train`` only.
-        admissible: How each observation ends: ``compact`` (the admissible commands, ``go to``
-            folded; ``observe.py``), ``all`` (every admissible command, as ALFWorld lists them) or
-            ``none``.
+        admissible: How observations end: ``compact`` (the admissible commands, folded, and only
+            when they changed; ``observe.py``), ``all`` (every admissible command at every step, as
+            ALFWorld lists them) or ``none``.
         replan: When the agent leaves the walkthrough, ask the planner for a new plan every turn
             (slow; only the oracle needs it).
         engine_deadline_s: Time one step's engine calls may take together (the engine runs in a

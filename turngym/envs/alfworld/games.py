@@ -103,6 +103,11 @@ def list_games(root: Path, split: str, *, solvable_only: bool = True, exclude_ev
     games = [g for g in _scan(folder) if g.solvable or not solvable_only]
     if exclude_eval_tasks:
         held = eval_tasks(root, exclude=SPLITS[split])
+        if not held:
+            from turngym.data import warn_once
+
+            warn_once(f"no ALFWorld eval split under {root / 'json_2.1.1'}: the {split} split keeps the games of "
+                      "tasks an eval split may hold (get valid_seen to leave them out)")
         games = [g for g in games if g.task not in held]
     return mixed_order(games) if order == "mixed" else games
 
