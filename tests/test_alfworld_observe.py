@@ -134,3 +134,23 @@ def test_cli_add(cache, capsys):
     assert capsys.readouterr().out.strip() == str(cache / "d" / "alfworld")
     assert data_cli.main(ap.parse_args(["add", "alfworld", str(cache / "nope.zip")])) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_training_games_of_eval_tasks_are_left_out_and_a_missing_eval_split_is_said(tmp_path):
+    from turngym.data import forget_warnings
+    from turngym.envs.alfworld.games import list_games
+
+    def game(split: str, task: str, trial: str) -> None:
+        folder = tmp_path / "json_2.1.1" / split / task / trial
+        folder.mkdir(parents=True)
+        (folder / "game.tw-pddl").write_bytes(_game_bytes())
+
+    game("train", "pick_and_place_simple-Mug-None-Desk-301", "trial_1")
+    game("train", "pick_and_place_simple-Mug-None-Desk-302", "trial_2")
+    forget_warnings()
+    with pytest.warns(UserWarning, match="no ALFWorld eval split"):
+        assert len(list_games(tmp_path, "train", exclude_eval_tasks=True)) == 2
+    game("valid_seen", "pick_and_place_simple-Mug-None-Desk-301", "trial_3")  # another trial of a training task
+    kept = list_games(tmp_path, "train", exclude_eval_tasks=True)
+    assert [g.task for g in kept] == ["pick_and_place_simple-Mug-None-Desk-302"]
+    assert len(list_games(tmp_path, "train")) == 2 and kept[0].plan == ("look",)

@@ -100,7 +100,7 @@ def list_games(root: Path, split: str, *, solvable_only: bool = True, exclude_ev
     folder = root / "json_2.1.1" / SPLITS[split]
     if not folder.is_dir():
         raise FileNotFoundError(missing_split_message(root, split))
-    games = [g for g in _scan(folder) if g.solvable or not solvable_only]
+    games = [g for g in _scan(folder, folder.stat().st_mtime_ns) if g.solvable or not solvable_only]
     if exclude_eval_tasks:
         held = eval_tasks(root, exclude=SPLITS[split])
         if not held:
@@ -136,9 +136,10 @@ def mixed_order(games: list[AlfworldGame]) -> list[AlfworldGame]:
 
 
 @functools.lru_cache(maxsize=16)
-def _scan(folder: Path) -> tuple[AlfworldGame, ...]:
-    """Every game file under a split folder, sorted by id, with its plan and solvability. Cached:
-    every env of a run lists its split, and the training split's 3,553 files take seconds to read."""
+def _scan(folder: Path, mtime_ns: int) -> tuple[AlfworldGame, ...]:
+    """Every game file under a split folder, sorted by id, with its plan and solvability. Cached by
+    the folder and its modification time (a task added changes it): every env of a run lists its
+    split, and the training split's 3,553 files take seconds to read."""
     games = []
     for path in sorted(folder.glob("*/*/game.tw-pddl")):
         task_dir, trial_dir = path.parent.parent.name, path.parent.name
