@@ -1,8 +1,9 @@
 """The datasets turngym ships loaders for, with their official sources.
 
-No SHA-256 below is filled in: this project has not been able to fetch these files and hash
-them, and a made-up digest would be worse than none. Every file is therefore pinned on first
-download (see ``turngym.data.registry``). Fill ``sha256=`` in once a digest is confirmed.
+A SHA-256 is filled in only where the published file's digest is confirmed (ALFWorld's text
+games: the same digest and size recorded by independent downloads of the release asset); a
+made-up digest would be worse than none. Every other file is pinned on first download (see
+``turngym.data.registry``). Fill ``sha256=`` in once a digest is confirmed.
 
 Local copies follow the layout of ``../shared/data`` (one folder per dataset name); the loaders
 also read the official layouts these downloads produce.
@@ -93,11 +94,15 @@ register_dataset(Dataset(
     prepare=lmrl_prepare,
 ))
 
+# ALFWorld's text games, every split (train: 3,553 games; valid_seen: 140; valid_unseen: 134), as
+# json_2.1.1/<split>/<task>/<trial>/game.tw-pddl; the release asset is 36,507,267 bytes.
+ALFWORLD_SHA256 = "5df77ea759f2211a4106082839ddbbb790f1ba4e7d097ed732cf453f72aa36cf"
+
 register_dataset(Dataset(
     name="alfworld",
     description="ALFWorld TextWorld games (json_2.1.1 with tw-pddl files)",
     files=(RemoteFile("https://github.com/alfworld/alfworld/releases/download/0.4.2/json_2.1.3_tw-pddl.zip",
-                      "json_2.1.3_tw-pddl.zip", extract=True),),
+                      "json_2.1.3_tw-pddl.zip", sha256=ALFWORLD_SHA256, extract=True),),
     markers=("json_2.1.1",),
     license="MIT",
     homepage="https://github.com/alfworld/alfworld",

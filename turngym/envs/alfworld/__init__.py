@@ -10,6 +10,6 @@ from turngym.envs.registry import register
 register(
     "turngym/ALFWorld-v0",
     entry_point="turngym.envs.alfworld.env:ALFWorldEnv",
-    max_turns=50,
+    max_turns=50,  # env.MAX_TURNS: ALFWorld's limit (literal here, so registering imports nothing)
     description="ALFWorld household tasks (pick, look, clean, heat, cool, pick two) as TextWorld PDDL games",
 )
