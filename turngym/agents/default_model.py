@@ -121,7 +121,10 @@ def model_dir() -> Path:
     marker = _source_marker(gguf_path())
     if not _is_current(dest, marker):
         note(f"converting the embedded {MODEL_NAME} to safetensors in {dest} (once; about 25 s)...")
-        _convert(dest, marker, with_model=True)
+        from turngym.agents.hf import no_transformers_bars
+
+        with no_transformers_bars():
+            _convert(dest, marker, with_model=True)
     return dest
 
 
@@ -159,8 +162,11 @@ def load_default_model(dtype=None, device: str | None = None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from turngym.agents.hf import no_transformers_bars
+
     folder = model_dir()
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype or torch.float32)
+    with no_transformers_bars():
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype or torch.float32)
     if device:
         model = model.to(device)
     model.eval()

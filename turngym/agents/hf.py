@@ -32,12 +32,14 @@ Caches are tied to the weights they were computed with: after changing the model
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -643,8 +645,51 @@ def _load(model_or_path, tokenizer, device, dtype):
         return model, tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = str(model_or_path)
+    path = model_folder(str(model_or_path))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    try:
+        with no_transformers_bars():
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    except OSError as e:
+        if Path(path).is_dir():
+            raise
+        raise FileNotFoundError(f"no model at {path}: no such folder here, and as a hub id: {e}") from e
     return model, tokenizer or AutoTokenizer.from_pretrained(path)
+
+
+@contextlib.contextmanager
+def no_transformers_bars() -> Iterator[None]:
+    """Inside, transformers draws no progress bars of its own ("Loading weights", the GGUF
+    conversion): loading a 135M model takes a second, and their redraws would fill a run's log."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def model_folder(path: str) -> str:
+    """``path`` when it names a model folder here or may be a hub id (``org/name``).
+
+    Raises:
+        FileNotFoundError: ``path`` is a local path (it starts with ``/``, ``.`` or ``~``, or has
+            more than one ``/``) with no model there, or a folder without a ``config.json``.
+            Without this check, transformers reads it as a hub id and says only that the id is
+            malformed.
+    """
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(f"no model at {path}: the folder has no config.json (a Hugging Face model "
+                                    "folder, e.g. a run's final_model)")
+        return str(local)
+    if local.exists():
+        raise FileNotFoundError(f"no model at {path}: it is a file; give the model's folder")
+    if path.startswith(("/", ".", "~")) or path.count("/") > 1 or "\\" in path:
+        raise FileNotFoundError(f"no model at {path}: there is no such folder")
+    return path
