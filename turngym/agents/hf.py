@@ -50,6 +50,7 @@ from turngym.agents.lookahead import greedy_with_drafts
 from turngym.agents.packed import PackedLM, SlotCache, native_bf16
 from turngym.agents.sampling import (StopChecker, decision_position, make_generators, row_seeds, runner_up_heads,
                                      sample_next, token_surface)
+from turngym.agents.weights import note_source
 from turngym.tools.formats import format_stops
 from turngym.types import Utterance
 
@@ -655,6 +656,7 @@ def _load(model_or_path, tokenizer, device, dtype):
         if Path(path).is_dir():
             raise
         raise FileNotFoundError(f"no model at {path}: no such folder here, and as a hub id: {e}") from e
+    note_source(path)  # a checkpoint of this model stores only the tensors that change
     return model, tokenizer or AutoTokenizer.from_pretrained(path)
 
 
