@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from turngym.agents.base import SamplingParams
-from turngym.agents.hf import no_transformers_bars
+from turngym.agents.loading import no_transformers_bars
 from turngym.bench.evaluate import evaluate
 from turngym.bench.heldout import SplitCheck, check_splits, describe_overlap, plot_stages
 from turngym.bench.protocol import held_out_table

@@ -122,11 +122,24 @@ def model_dir() -> Path:
     marker = _source_marker(gguf_path())
     if not _is_current(dest, marker):
         note(f"converting the embedded {MODEL_NAME} to safetensors in {dest} (once; about 25 s)...")
-        from turngym.agents.hf import no_transformers_bars
+        # In a process of its own: dequantizing the GGUF peaks at about 1.2 GB, which a training
+        # run that converts first would otherwise keep (the allocator does not give it back).
+        import multiprocessing
 
-        with no_transformers_bars():
-            _convert(dest, marker, with_model=True)
+        child = multiprocessing.get_context("spawn").Process(target=_convert_quietly, args=(dest, marker))
+        child.start()
+        child.join()
+        if child.exitcode != 0 or not _is_current(dest, marker):
+            raise RuntimeError(f"converting the embedded model into {dest} failed (exit code {child.exitcode}); "
+                               "its error is printed above")
     return dest
+
+
+def _convert_quietly(dest: Path, marker: dict[str, Any]) -> None:
+    from turngym.agents.loading import no_transformers_bars
+
+    with no_transformers_bars():
+        _convert(dest, marker, with_model=True)
 
 
 def load_default_tokenizer():
@@ -163,7 +176,7 @@ def load_default_model(dtype=None, device: str | None = None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from turngym.agents.hf import no_transformers_bars
+    from turngym.agents.loading import no_transformers_bars
 
     folder = model_dir()
     with no_transformers_bars():
