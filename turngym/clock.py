@@ -45,6 +45,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator
 
 KINDS = ("generation", "env_step", "env_startup", "update", "game_generation", "other")
@@ -245,7 +246,11 @@ class Progress:
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=False, dynamic_ncols=True,
                              bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} " + unit + " [{elapsed}{postfix}]")
         if self.mode != "off" and ticker:
-            threading.Thread(target=self._tick, name="turngym-progress", daemon=True).start()
+            # the thread holds the Progress weakly: one dropped unclosed (an exception unwound its
+            # stage) is collected, and the thread ends instead of writing lines for ever
+            period = 1.0 if self.mode == "bar" else min(1.0, every_s())
+            threading.Thread(target=_tick, args=(weakref.ref(self), self._closed, period), name="turngym-progress",
+                             daemon=True).start()
 
     # ----- the caller's side -------------------------------------------------------------------
     def update(self, n: int = 1, turns: int | None = None) -> None:
@@ -364,7 +369,11 @@ class Progress:
             self.last_line = now
             print(f"turngym: {self.desc}: {self.summary()}", file=sys.stderr, flush=True)
 
-    def _tick(self) -> None:
-        period = 1.0 if self.mode == "bar" else min(1.0, every_s())
-        while not self._closed.wait(period):
-            self._show(tick=True)
+
+def _tick(ref: Callable[[], Progress | None], closed: threading.Event, period: float) -> None:
+    while not closed.wait(period):
+        shown = ref()
+        if shown is None:
+            return
+        shown._show(tick=True)
+        del shown
