@@ -40,3 +40,13 @@ def test_a_collector_plays_at_most_max_envs_episodes_at_once(max_envs):
         assert len(collector.pools) == (max_envs or 8)  # the envs opened: one per episode in flight
     with pytest.raises(ValueError, match="max_envs"):
         Collector(OracleAgent(), max_envs=0)
+
+
+def test_by_default_a_cpu_policy_plays_at_most_cpu_max_envs_at_once(tiny_tokenizer):
+    from turngym.agents.scripted import OracleAgent
+    from turngym.rollout.collector import CPU_MAX_ENVS
+
+    policy = HFPolicy(build_tiny_model(tiny_tokenizer), tiny_tokenizer)
+    assert policy.device.type == "cpu" and Collector(policy).max_envs == CPU_MAX_ENVS
+    assert Collector(OracleAgent()).max_envs is None  # a scripted agent holds no caches
+    assert Collector(policy, max_envs=None).max_envs is None

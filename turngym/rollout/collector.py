@@ -90,6 +90,13 @@ def rollout_metrics(trajs: list[Trajectory], dt: float) -> dict[str, float]:
     }
 
 
+# Episodes in flight at most when an HF policy generates on a CPU. A CPU's generation is compute-bound
+# from about 32 rows a forward (docs/benchmarks.md: 32 or 128 TextWorld games in flight evaluate
+# equally fast); each episode in flight holds its KV cache (TextWorld-easy: 30-50 MB by its 10th
+# turn), and the quickstart's search played 64 at once, most of its 4.7 GB peak.
+CPU_MAX_ENVS = 32
+
+
 class _SingleProcess:
     """The data-parallel context of one process (what ``trainers.distributed.DistContext`` is then)."""
 
@@ -119,20 +126,24 @@ class Collector:
         step_timeout_s: Limit for one reset/step.
         ctx: A data-parallel context (``trainers.distributed.DistContext``): each rank plays its
             share of ``collect``'s episodes and metrics are combined over ranks. Default: one process.
-        max_envs: Episodes in flight at most, whatever a call's ``num_envs`` (None: no cap). Each
-            episode in flight holds an open env and its KV cache (tens of MB on TextWorld); past the
-            batch a CPU's generation needs to run at full speed they cost memory and buy nothing.
+        max_envs: Episodes in flight at most, whatever a call's ``num_envs`` (None: no cap; ``auto``:
+            ``CPU_MAX_ENVS`` when the HF policy generates on a CPU, else no cap). Each episode in
+            flight holds an open env and its KV cache (tens of MB on TextWorld); past the batch a
+            CPU's generation needs to run at full speed they cost memory and buy nothing.
 
     Raises:
         ValueError: an unknown engine.
     """
 
     def __init__(self, policy: Any, *, engine: str = "hf", vllm: dict | None = None, workers: bool | str = "local",
-                 step_timeout_s: float = 60.0, ctx: Any = None, max_envs: int | None = None) -> None:
+                 step_timeout_s: float = 60.0, ctx: Any = None, max_envs: int | str | None = "auto") -> None:
         if engine not in ("hf", "vllm"):
             raise ValueError(f"engine must be hf or vllm (resolve auto first), got {engine!r}")
-        if max_envs is not None and max_envs < 1:
-            raise ValueError(f"max_envs must be >= 1 or None, got {max_envs}")
+        if max_envs == "auto":
+            on_cpu = getattr(getattr(policy, "device", None), "type", None) == "cpu"
+            max_envs = CPU_MAX_ENVS if engine == "hf" and on_cpu else None
+        if max_envs is not None and (not isinstance(max_envs, int) or max_envs < 1):
+            raise ValueError(f"max_envs must be >= 1, None or auto, got {max_envs!r}")
         self.max_envs = max_envs
         self.policy, self.engine_name, self.vllm = policy, engine, dict(vllm or {})
         self.workers, self.step_timeout_s = workers, step_timeout_s
