@@ -29,6 +29,7 @@ from turngym.rollout.branching import BRANCH_BY, BRANCH_PICK, branch_points, bra
 from turngym.rollout.episode import branch_of, moved
 from turngym.train import TrainConfig, load_policy
 from turngym.trainers.branch_bc import better
+from turngym.trainers.checkpoint import load_weights
 
 
 def sampled_search(policy, make_env, roots, temperature, points, width, pools):
@@ -92,7 +93,7 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the screen and every rule's row here")
     a = p.parse_args()
     policy = load_policy("default")
-    policy.model.load_state_dict(torch.load(a.weights, map_location=policy.device))
+    policy.model.load_state_dict(load_weights(a.weights))
     policy.invalidate_caches()
     kw = {"tool_format": "xml", "split": "train"}
     info = env_info(a.env, **kw)

@@ -36,6 +36,7 @@ def main() -> None:
     from turngym.config import apply_overrides, from_dict
     from turngym.rollout import Collector
     from turngym.train import TrainConfig, _with_split, evaluate_policy, load_policy
+    from turngym.trainers.checkpoint import load_weights
     from turngym.trainers.branch_bc import BranchBCTrainer
     from turngym.types import Trajectory
 
@@ -47,7 +48,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     policy = load_policy(cfg.model)
-    policy.model.load_state_dict(torch.load(run / "sft_model.pt", map_location="cpu"))
+    policy.model.load_state_dict(load_weights(run / "sft_model.pt"))
     state = torch.load(run / "branch_bc" / "checkpoint" / "state.pt", map_location="cpu", weights_only=False)
     rows: list[dict] = []
     with Collector(policy) as collector:

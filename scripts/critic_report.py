@@ -23,6 +23,7 @@ from turngym.train import TrainConfig, load_policy, train_env_kwargs
 from turngym.trainers.archer import ArcherTrainer
 from turngym.trainers.archer.probes import critic_report
 from turngym.types import SamplingParams, Trajectory
+from turngym.trainers.checkpoint import load_weights
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = from_dict(TrainConfig, json.loads((args.run / "config.json").read_text())).with_seeds()
     policy = load_policy(cfg.model)
-    policy.model.load_state_dict(torch.load(args.run / "sft_model.pt", map_location="cpu"))  # the critic's frozen part
+    policy.model.load_state_dict(load_weights(args.run / "sft_model.pt"))  # the critic's frozen part
     trainer = ArcherTrainer(policy, cfg.env_id, cfg.archer, env_kwargs=train_env_kwargs(cfg), out_dir=args.run / "archer")
     trainer.setup()
     trainer.load(args.run / "archer" / "checkpoint")

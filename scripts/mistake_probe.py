@@ -25,6 +25,7 @@ import torch
 from turngym.agents import make_agent
 from turngym.agents.base import SamplingParams
 from turngym.rollout import env_info, episode_specs, make_env_factory, rollout
+from turngym.trainers.checkpoint import load_weights
 
 
 def add_policy_args(ap: argparse.ArgumentParser, split: str) -> None:
@@ -41,7 +42,7 @@ def load_policy(args):
     """The policy named by ``--agent``, with ``--weights`` loaded if given."""
     policy = make_agent(args.agent)
     if args.weights:
-        policy.model.load_state_dict(torch.load(args.weights, map_location="cpu"))
+        policy.model.load_state_dict(load_weights(args.weights))
     return policy
 
 

@@ -32,6 +32,7 @@ from turngym.rewards import reward_stats
 from turngym.trainers.archer import ArcherConfig, ArcherTrainer
 from turngym.trainers.logger import MetricsLogger
 from turngym.trainers.pg import PGConfig, PGTrainer
+from turngym.trainers.checkpoint import load_weights
 
 ARMS = ("outcome", "shaped_ungated", "shaped_gra", "spa", "spa_gra")
 
@@ -74,7 +75,7 @@ def load_start_policy(args, out: Path):
 
         weights = out / "sft_model.pt"
         if weights.exists():
-            policy.model.load_state_dict(torch.load(weights, map_location="cpu"))
+            policy.model.load_state_dict(load_weights(weights))
         else:
             sft(policy, args.env, SFTConfig(episodes=args.sft_episodes, epochs=args.sft_epochs, seed=args.seed),
                 env_kwargs=train_kwargs(args), progress=False)

@@ -24,6 +24,7 @@ from turngym.config import apply_overrides
 from turngym.rollout import Collector
 from turngym.train import TrainConfig, load_policy, rl_section
 from turngym.trainers.registry import get_algorithm
+from turngym.trainers.checkpoint import load_weights
 
 ENV = "turngym/TextWorld-easy-v0"
 SHOW = ("rollout/success", "rollout/invalid_rate", "pg/episodes_trained", "screen/greedy_success",
@@ -38,7 +39,7 @@ def main(argv: list[str]) -> None:
     section, base = rl_section(apply_overrides(TrainConfig(), [f"algo={algo}"]))
     cfg = apply_overrides(base, [o for o in overrides if section == "pg" or not o.startswith("algo=")])
     policy = load_policy("default")
-    policy.model.load_state_dict(torch.load(weights, map_location=policy.device))
+    policy.model.load_state_dict(load_weights(weights))
     policy.invalidate_caches()
     with Collector(policy, workers=cfg.env_workers) as collector:
         trainer = get_algorithm(algo).trainer(policy, ENV, cfg, env_kwargs={"tool_format": "xml", "split": "train"}, out_dir=out,

@@ -41,6 +41,7 @@ from turngym.rollout.episode import make_env_factory
 from turngym.rollout.schedule import run_seed
 from turngym.trainers.functional import auc
 from turngym.train import load_policy
+from turngym.trainers.checkpoint import load_weights
 
 
 class CachedFeatures:
@@ -89,7 +90,7 @@ def main() -> None:
     args = ap.parse_args()
 
     policy = load_policy("default")
-    policy.model.load_state_dict(torch.load(args.weights, map_location="cpu"))
+    policy.model.load_state_dict(load_weights(args.weights))
     policy.invalidate_caches()
     policy.model.eval()
     kwargs = {**args.env_kwargs, "split": "train"}

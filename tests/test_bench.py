@@ -66,7 +66,9 @@ def test_bootstrap_diff_by_hand():
     same = bootstrap_diff([0, 1, 1], [0, 1, 1], paired=True)
     assert same["diff"] == 0.0 and same["ci"] == [0.0, 0.0] and not same["significant"] and same["p"] == 1.0
     apart = bootstrap_diff([0.0] * 5, [1.0] * 7, paired=False)
-    assert apart["ci"] == [1.0, 1.0] and apart["significant"] and apart["p"] == 0.0
+    # no resample reaches 0, which bounds p by the resolution of 10,000 resamples; it does not make it 0
+    assert apart["ci"] == [1.0, 1.0] and apart["significant"] and apart["p"] == 2 / 10_001
+    json.dumps(apart)  # summary.json holds it
     with pytest.raises(ValueError):
         bootstrap_diff([0, 1], [1], paired=True)
 
@@ -160,6 +162,16 @@ def test_missing_data_entry_is_skipped_with_a_message(tmp_path, monkeypatch, cap
     assert "[bench] skipping turngym/SQL-spider-v1" in capsys.readouterr().out
     assert list(res["envs"]) == [TOY] and res["envs"][TOY]["success"] == 1.0
     assert "Skipped:" in (tmp_path / "run" / "results.md").read_text()
+
+
+def test_a_bench_that_can_play_nothing_fails_and_says_why(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TURNGYM_DATA", str(tmp_path / "empty"))
+    monkeypatch.setenv("TURNGYM_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    assert turngym_main(["bench", "--env", "turngym/SQL-spider-v1", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: nothing to play: every entry of suite 'turngym/SQL-spider-v1' was skipped")
+    assert "turngym data download spider" in err and not out.exists()
 
 
 def test_process_pool_over_entries(tmp_path):

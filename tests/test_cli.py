@@ -36,6 +36,15 @@ def test_a_module_that_cannot_be_imported_is_one_line(capsys):
     assert err.count("\n") == 1 and "cannot import 'no_such_package.envs'" in err and "run from the folder" in err
 
 
+def test_an_agent_path_with_no_model_says_so(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    for path, why in ((tmp_path / "missing", "there is no such folder"), ("runs/nothing/final_model", "there is no such folder"),
+                      (tmp_path / "empty", "the folder has no config.json")):
+        assert main(["eval", "--env", "turngym/Maze-v0", "--agent", f"hf:{path}", "--episodes", "1"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"FileNotFoundError: no model at {path}: {why}" in err, err
+
+
 def test_algo_lists_every_algorithm_the_code_has(capsys):
     names = algorithm_names()
     assert {"branch_bc", "archer", "grpo", "gigpo", "rloo", "reinforce", "filtered_bc"} <= set(names)

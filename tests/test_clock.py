@@ -1,14 +1,17 @@
 """Where a run's time goes (``turngym.clock``): seconds charged by hand-made ticks, and the progress
-bars of ``turngym train`` (they exist for every long stage; ``--quiet`` silences them)."""
+of ``turngym train``: a bar in a terminal, lines in a log, for every long stage, an ETA from turns
+that holds from the first ended episode on; ``--quiet`` silences them."""
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 
 import pytest
 from fixtures_model import build_tiny_model
 
-from turngym.clock import Clock, bars_on, breakdown_table, quiet
+from turngym.clock import Clock, Progress, bar, bars_on, breakdown_table, clock_text, quiet
 from turngym.train import EvalConfig, TrainConfig, run
 from turngym.trainers.branch_bc import BranchBCConfig
 from turngym.trainers.sft import SFTConfig
@@ -83,6 +86,62 @@ def test_bars_follow_quiet_and_the_environment(monkeypatch):
     assert not bars_on()
 
 
+def test_clock_text():
+    assert [clock_text(s) for s in (0, 59.4, 75, 3725)] == ["0:00", "0:59", "1:15", "1:02:05"]
+
+
+def test_off_a_terminal_a_stage_writes_a_line_every_few_seconds_and_one_at_its_end(monkeypatch, capsys):
+    monkeypatch.delenv("TURNGYM_PROGRESS", raising=False)  # stderr is captured here: not a terminal
+    monkeypatch.setenv("TURNGYM_PROGRESS_EVERY", "0.5")
+    shown = bar(10, "eval sft", "ep")
+    shown.add_turns(4, [1, 1, 1, 1])
+    time.sleep(1.6)  # the caller busy in one long call: the ticker writes anyway
+    shown.update(1, turns=2)
+    shown.close()
+    lines = capsys.readouterr().err.splitlines()
+    ticks = [ln for ln in lines if ln.startswith("turngym: eval sft: 0/10 ep, 4 turns, ") and "ETA ?" in ln]
+    assert len(ticks) >= 2, lines
+    assert re.fullmatch(r"turngym: eval sft: 1/10 ep, 4 turns, [0-9.]+ turns/s, done in 0:0[12]", lines[-1]), lines
+    with quiet():
+        bar(10, "eval final", "ep").close()
+    assert capsys.readouterr().err == ""
+
+
+def simulated_rollout(lengths: list[int], num_envs: int, cap: int | None) -> list[tuple[float, float | None]]:
+    """A sync rollout's shape, one second per turn of the batch (every episode in play steps at
+    once, a free slot takes the next episode): per second, the true time left and the ETA shown."""
+    ticks = Ticks()
+    shown = Progress(len(lengths), "eval", "ep", cap=cap, clock=ticks, ticker=False)
+    queue, live, etas = list(lengths), [], []
+    while queue or live:
+        while queue and len(live) < num_envs:
+            live.append([queue.pop(0), 0])  # [length, turns played]
+        ticks.now += 1.0
+        stepped = len(live)
+        for ep in live:
+            ep[1] += 1
+        for ep in [ep for ep in live if ep[1] == ep[0]]:
+            shown.update(1, turns=ep[0])
+            live.remove(ep)
+        shown.add_turns(stepped, [played for _, played in live])
+        etas.append(shown.eta_s())
+    return [(ticks.now - (i + 1), eta) for i, eta in enumerate(etas)]
+
+
+@pytest.mark.parametrize("lengths, cap", [
+    ([3 if i % 3 == 0 else 12 for i in range(128)], 12),  # a third win in 3 turns; the rest play to the limit
+    ([2 + (7 * i) % 9 for i in range(128)], 30),  # 2 to 10 turns, far below the limit
+    ([2 + (7 * i) % 9 for i in range(128)], None),
+])
+def test_a_rollouts_eta_counts_turns_and_is_not_wild_once_an_episode_has_ended(lengths, cap):
+    points = simulated_rollout(lengths, 32, cap)
+    first_end = next(i for i, (_, eta) in enumerate(points) if eta is not None)
+    assert first_end + 1 == min(lengths)  # nothing to go by before the first episode ends: "?"
+    slack = 0.1 * len(points)  # near the end a few seconds either way are no error
+    for left, eta in points[first_end:]:
+        assert 0.5 * left - slack <= eta <= 2.0 * left + slack, (left, eta)
+
+
 def _tiny_run(tmp_path, tiny_tokenizer, name):
     model_dir = tmp_path / "tiny"
     if not model_dir.exists():
@@ -113,6 +172,13 @@ def test_train_shows_a_bar_for_every_long_stage_and_quiet_silences_them(tmp_path
     kinds = summary["time_breakdown"]["by_kind"]
     assert {"generation", "env_step", "env_startup", "update", "other"} <= set(kinds)
     assert sum(kinds.values()) == pytest.approx(summary["time_breakdown"]["total_s"], rel=1e-6)
+
+    monkeypatch.delenv("TURNGYM_PROGRESS")  # turngym train > log 2>&1: a line for every stage
+    run(_tiny_run(tmp_path, tiny_tokenizer, "log"), progress=True)
+    err = capsys.readouterr().err
+    missing = [name for name in BARS if f"turngym: {name}: " not in err]
+    assert not missing, f"no progress line for {missing}"
+    assert "\r" not in err  # no bar redrawn in a log
 
     run(_tiny_run(tmp_path, tiny_tokenizer, "quiet"), progress=False)  # turngym train --quiet
     err = capsys.readouterr().err

@@ -34,12 +34,14 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server():
+def served(tmp_path_factory):
+    """The server's URL and the file its stderr goes to."""
     port = free_port()
+    log = tmp_path_factory.mktemp("openenv") / "stderr.txt"
     proc = subprocess.Popen(
         [sys.executable, "-m", "turngym.cli", "openenv", "turngym/Maze-v0", "--split", "test", "--port", str(port)],
         cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, stderr=log.open("w"),
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -51,12 +53,29 @@ def server():
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the server did not start: {proc.stderr.read().decode()[-2000:]}")
+                pytest.fail(f"the server did not start: {log.read_text()[-2000:]}")
             time.sleep(0.2)
-        yield url
+        yield url, log
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[0]
+
+
+def test_a_client_that_closes_its_session_leaves_no_traceback_in_the_servers_log(served):
+    url, log = served
+    for _ in range(2):
+        with TurngymClient(base_url=url).sync() as env:
+            assert env.reset(task_id=TASK).observation.task_id == TASK
+            env.step(move("north"))
+    time.sleep(1.0)  # the server handles the close after the client has gone
+    text = log.read_text()
+    assert "Traceback" not in text and "WebSocketDisconnect" not in text and "ERROR" not in text, text[-3000:]
+    assert text.startswith("turngym openenv: turngym/Maze-v0 on http://127.0.0.1:")
 
 
 def move(direction) -> TurngymAction:

@@ -6,6 +6,7 @@ as an MCP host would. The other tests connect the SDK's ``Client`` to the same s
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -90,6 +91,17 @@ def test_every_tool_format_routes_calls_through_env_step(fmt):
             assert win["outcome"] == 1.0 and win["turn"] == 2
 
     _run(main)
+
+
+@pytest.mark.parametrize("fmt", ["text", "hermes", "xml"])
+def test_reset_tells_an_mcp_client_to_call_the_tools_not_to_write_them(fmt):
+    session = EnvSession(turngym.make("turngym/Maze-v0", tool_format=fmt))
+    out = session.reset(task_id="small-train-0000")
+    text = out["observation"]
+    assert "You are in a maze" in text and "Act by calling the tools (move); each call is one step" in text
+    for how_to_write in ("single command", "<tool_call>", "You can use these tags"):
+        assert how_to_write not in text and how_to_write not in json.dumps(out["messages"])
+    assert session.call("move", {"direction": "north"})["turn"] == 1
 
 
 def test_turn_limit_truncates_and_reset_starts_over():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from fixtures_model import build_tiny_model
+from safetensors import safe_open
 
 from turngym.bench.protocol import held_out_table
 from turngym.train import EvalConfig, TrainConfig, run
@@ -38,6 +39,8 @@ def test_train_path_end_to_end_and_resume(tmp_path, tiny_tokenizer):
     from turngym.agents import make_agent
 
     assert make_agent(f"hf:{out / 'final_model'}").model.config.num_hidden_layers == 2  # the trained model loads
+    with safe_open(str(out / "final_model" / "model.safetensors"), framework="pt") as f:  # in bf16: half the disk
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
     stages = (out / "stages.json").read_text()
     again = run(cfg, progress=False)  # everything is recorded: nothing re-runs, same results
     assert again["success"] == summary["success"] and (out / "stages.json").read_text() == stages

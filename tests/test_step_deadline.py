@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import gymnasium as gym
 import pytest
@@ -99,3 +100,16 @@ def test_the_deadline_comes_from_the_env_or_its_tools():
     assert deadline_wrapper(env).step_deadline_s == 7.0
     search = turngym.make("turngym/Search-synthetic-v0")  # search and open: 30 s each
     assert deadline_wrapper(search).step_deadline_s == DEFAULT_STEP_DEADLINE_S + MAX_CALLS_PER_ACTION * 30.0
+
+
+def test_a_second_close_returns_at_once_and_closes_the_env_once():
+    env = turngym.make("turngym/Maze-v0")
+    base, closes = env.unwrapped, []
+    real = base.close
+    base.close = lambda: (closes.append(threading.current_thread()), real())[1]
+    env.reset(seed=0)
+    t0 = time.monotonic()
+    env.close()
+    env.close()  # Gymnasium's env checker closes an env twice
+    assert time.monotonic() - t0 < 5.0  # was the 30 s close wait, spent on a worker that had stopped
+    assert len(closes) == 1 and closes[0] is not threading.current_thread()

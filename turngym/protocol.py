@@ -41,8 +41,9 @@ from turngym.bench.protocol import (compare_arms, held_out_eval, markdown_report
 from turngym.config import apply_overrides, load_yaml
 from turngym.rollout import Collector
 from turngym.train import TrainConfig, load_policy, rl_section, run, train_env_kwargs
-from turngym.trainers.sft import sft
+from turngym.trainers.checkpoint import load_weights
 from turngym.trainers.registry import get_algorithm
+from turngym.trainers.sft import sft
 
 
 @dataclass
@@ -216,7 +217,7 @@ class Protocol:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         policy = load_policy(cfg.model)
-        policy.model.load_state_dict(torch.load(out / "sft_model.pt", map_location=policy.device))
+        policy.model.load_state_dict(load_weights(out / "sft_model.pt"))
         policy.invalidate_caches()
         curve = _read_json(out / "curve.json", {})
         done_s = max((p["train_seconds"] for p in curve.values()), default=-1.0)

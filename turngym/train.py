@@ -28,6 +28,7 @@ import torch
 
 import turngym.trainers  # noqa: F401  (registers every algorithm, section and stage)
 from turngym.agents.base import SamplingParams
+from turngym.agents.loading import no_transformers_bars
 from turngym.bench.evaluate import evaluate
 from turngym.bench.heldout import SplitCheck, check_splits, describe_overlap, plot_stages
 from turngym.bench.protocol import held_out_table
@@ -35,7 +36,7 @@ from turngym.clock import CLOCK, breakdown_table, quiet
 from turngym.config import apply_overrides, describe, knob, load_yaml
 from turngym.envs.registry import resolve_env_id
 from turngym.rollout import Collector
-from turngym.trainers.checkpoint import has_checkpoint
+from turngym.trainers.checkpoint import has_checkpoint, load_weights, save_weights
 from turngym.trainers.distributed import DistContext, full_params, is_sharded, model_state_dict
 from turngym.trainers.logger import MetricsLogger
 from turngym.trainers.registry import algorithm_names, algorithms_help, get_algorithm
@@ -177,13 +178,21 @@ def save_final_model(policy: Any, path: Path, state_dict: dict | None = None) ->
     """The trained policy as a Hugging Face model folder: ``--agent hf:PATH`` plays it and
     ``turngym bench`` benchmarks it. LoRA adapters are folded into a copy of the weights.
     ``state_dict``: the full weights to write instead of ``policy.model``'s own (an FSDP-sharded
-    model's, gathered by ``trainers.distributed.model_state_dict``)."""
+    model's, gathered by ``trainers.distributed.model_state_dict``). The weights are written in
+    bf16, half the disk of fp32; the run's own evaluations play the fp32 weights in memory, and the
+    run's checkpoint keeps them exactly."""
     model = policy.model
     if hasattr(model, "merge_and_unload"):
         model = copy.deepcopy(model).merge_and_unload()
+    state = state_dict if state_dict is not None else model.state_dict()
+    half = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=state_dict)
+    with no_transformers_bars():
+        model.save_pretrained(tmp, state_dict=half)
+    config = json.loads((tmp / "config.json").read_text())
+    config["dtype" if "dtype" in config else "torch_dtype"] = "bfloat16"  # what the file holds (4.x: torch_dtype)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
     policy.tokenizer.save_pretrained(tmp)
     shutil.rmtree(path, ignore_errors=True)  # a kill from here to the rename leaves no folder: the stage reruns
     tmp.rename(path)
@@ -387,13 +396,11 @@ def _sft(p: Pipeline) -> None:
             result = sft(p.policy, cfg.env_id, cfg.sft, env_kwargs=p.train_kwargs, progress=p.progress and p.main,
                          collector=p.collector)
         if p.main:
-            tmp = weights.with_name(weights.name + ".tmp")
-            torch.save(p.policy.model.state_dict(), tmp)
-            os.replace(tmp, weights)
+            save_weights(p.policy.model.state_dict(), weights)  # the blocks SFT changed, once
             p.stages.finish("sft", result)
         p.ctx.barrier()
     else:
-        p.policy.model.load_state_dict(torch.load(weights, map_location=p.ctx.device))
+        p.policy.model.load_state_dict(load_weights(weights))
         p.policy.invalidate_caches()
     if not p.stages.done("eval_sft"):
         p.held_out("sft")

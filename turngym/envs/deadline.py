@@ -95,6 +95,7 @@ class StepDeadline(gym.Wrapper):
         super().__init__(env)
         self.deadline_s, self.factory = deadline_s, factory
         self.restarts = 0
+        self._closed = False
         self._worker = _Worker()
         weakref.finalize(self, self._worker.stop)
 
@@ -127,6 +128,11 @@ class StepDeadline(gym.Wrapper):
         return obs, 0.0, False, True, info
 
     def close(self) -> None:
+        # Gymnasium calls close more than once (its env checker does): after the first, the
+        # worker thread is gone, and a second call would wait out _CLOSE_WAIT_S for no one
+        if self._closed:
+            return
+        self._closed = True
         call = self._worker.submit(self.env.close)
         call.done.wait(_CLOSE_WAIT_S)
         self._worker.stop()

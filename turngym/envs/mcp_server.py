@@ -3,7 +3,8 @@
 An MCP client (an IDE agent, Claude Desktop, another framework) plays the env through plain tool
 calls:
 
-- ``reset(task_id?, seed?)`` starts an episode and returns the opening messages.
+- ``reset(task_id?, seed?)`` starts an episode and returns the opening messages, where the env's
+  instructions for writing a tool call in text become "act by calling the tools".
 - Every env tool is listed with its own name, description and JSON schema. A call to one is one
   ``env.step``: the call is rendered in the env's own tool format (``render_call``) and the env
   parses it as it would parse a model's utterance, so validation, rewards, turn limits and error
@@ -68,6 +69,11 @@ class EnvSession:
         self.turn = 0
         self.episode_return = 0.0
         self._calls = 0
+        # The opening messages teach a model the env's text tool format ("reply with a single
+        # command on one line"); an MCP client calls the tools instead, so it reads this in its place.
+        self._format_block = self.base.format.render_tools(self.base.tools.specs)
+        self._how_to_act = (f"Act by calling the tools ({', '.join(self.base.tools.names)}); "
+                            "each call is one step of the episode.")
 
     def reset(self, task_id: str | None = None, seed: int | None = None) -> dict[str, Any]:
         """Start an episode. Raises ``StepError`` for a task id the env does not have."""
@@ -77,7 +83,13 @@ class EnvSession:
         except KeyError as e:
             raise StepError(str(e.args[0]) if e.args else str(e)) from None
         self.task_id, self.done, self.turn, self.episode_return = str(info["task_id"]), False, 0, 0.0
-        return self._result(obs, 0.0, False, False, True)
+        return self._result([self._for_tool_calls(m) for m in obs], 0.0, False, False, True)
+
+    def _for_tool_calls(self, m: Message) -> Message:
+        if not self._format_block or self._format_block not in m.content:
+            return m
+        return Message(m.role, m.content.replace(self._format_block, self._how_to_act), m.tool_calls,
+                       m.tool_call_id, m.name)
 
     def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """Send one tool call through ``env.step``. Raises ``StepError`` when no step can be taken."""

@@ -138,7 +138,33 @@ def create_server(env_id: str, *, max_sessions: int = 8, max_turns: int | None =
         **env_kwargs: Constructor overrides (``split``, ...).
     """
     env_cls = environment_class(env_id, max_turns=max_turns, **env_kwargs)
-    return create_app(env_cls, TurngymAction, TurngymObservation, env_name=env_id, max_concurrent_envs=max_sessions)
+    app = create_app(env_cls, TurngymAction, TurngymObservation, env_name=env_id, max_concurrent_envs=max_sessions)
+    app.add_middleware(ClosedByClient)
+    return app
+
+
+class ClosedByClient:
+    """ASGI middleware: a WebSocket session that ends because the client closed it ends quietly.
+
+    OpenEnv's ``/ws`` endpoint (openenv-core 0.2) closes the socket in a ``finally`` after the
+    client's ``close`` message, when the client has already gone; Starlette raises
+    ``WebSocketDisconnect`` there, and uvicorn printed a 60-line traceback for every session. The
+    session's env is destroyed before that close, so nothing is lost by ending here.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            await self.app(scope, receive, send)
+            return
+        from starlette.websockets import WebSocketDisconnect
+
+        try:
+            await self.app(scope, receive, send)
+        except WebSocketDisconnect:
+            pass
 
 
 def serve(env_id: str, host: str = "127.0.0.1", port: int = 8000, max_sessions: int = 8,

@@ -55,9 +55,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
-from tqdm.auto import tqdm
-
 from turngym.agents.base import Policy, SamplingParams
+from turngym.clock import bar as clock_bar
 from turngym.rollout.episode import (
     EpisodeSpec, act_checked, apply_step, begin_episode, close_handles, end_episode, make_turn, open_handles,
     reset_kwargs,
@@ -172,18 +171,19 @@ class _Engine:
             traj.metadata["policy_version"] = min(versions)
         return [(slot, idx, traj)]
 
-    def act(self, version: int | None = None) -> None:
+    def act(self, version: int | None = None) -> int:
         """One batched ``act`` over the ready episodes (the longest-waiting ``max_batch`` of them,
-        in spec order), then dispatch their steps."""
+        in spec order), then dispatch their steps; returns how many acted."""
         k = self.max_batch or len(self.ready)
         slots = sorted(self.ready[:k], key=lambda s: self.live[s][0])
         if not slots:
-            return
+            return 0
         del self.ready[:k]
         utts = act_checked(self.policy, [self.live[s][1].conv for s in slots], self.sampling)
         for s, utt in zip(slots, utts):
             idx, ep = self.live[s]
             self._dispatch(s, _InFlight(idx, ep.spec, version, utt=utt, turn=make_turn(utt)), "step", utt.text)
+        return len(slots)
 
 
 def async_rollout(
@@ -195,7 +195,7 @@ def async_rollout(
     num_envs: int = 8,
     workers: bool | str = False,
     step_timeout_s: float = 60.0,
-    progress: bool = True,
+    progress: bool | str = True,
     metadata: dict[str, Any] | None = None,
     max_batch: int | None = None,
 ) -> list[Trajectory]:
@@ -224,21 +224,22 @@ def _check_max_batch(max_batch: int | None) -> None:
         raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}")
 
 
-def _async_loop(eng: _Engine, specs: list[EpisodeSpec], progress: bool) -> list[Trajectory]:
+def _async_loop(eng: _Engine, specs: list[EpisodeSpec], progress: bool | str) -> list[Trajectory]:
     results: list[Trajectory | None] = [None] * len(specs)
     todo = list(enumerate(specs))[::-1]
     free = list(range(len(eng.handles)))[::-1]
-    bar = tqdm(total=len(specs), desc="episodes", disable=not progress, leave=False)
+    bar = clock_bar(len(specs), progress if isinstance(progress, str) else "episodes", "ep", disable=not progress,
+                    cap=eng.env_desc.get("max_turns"))
     while todo or eng.busy:
         while free and todo:
             eng.start(free.pop(), *todo.pop())
         for slot, idx, traj in eng.collect():
             results[idx] = traj
             free.append(slot)
-            bar.update(1)
+            bar.update(1, turns=len(traj.turns))
         if free and todo:  # send those resets first, so they run while the policy generates
             continue
-        eng.act()
+        bar.add_turns(eng.act(), [len(ep.traj.turns) for _, ep in eng.live.values()])
     bar.close()
     return results  # type: ignore[return-value]
 

@@ -91,6 +91,13 @@ def rollout_metrics(trajs: list[Trajectory], dt: float) -> dict[str, float]:
     }
 
 
+# Episodes in flight at most when an HF policy generates on a CPU. A CPU's generation is compute-bound
+# from about 32 rows a forward (docs/benchmarks.md: 32 or 128 TextWorld games in flight evaluate
+# equally fast); each episode in flight holds its KV cache (TextWorld-easy: 30-50 MB by its 10th
+# turn), and the quickstart's search played 64 at once, most of its 4.7 GB peak.
+CPU_MAX_ENVS = 32
+
+
 class _SingleProcess:
     """The data-parallel context of one process (what ``trainers.distributed.DistContext`` is then)."""
 
@@ -120,15 +127,25 @@ class Collector:
         step_timeout_s: Limit for one reset/step.
         ctx: A data-parallel context (``trainers.distributed.DistContext``): each rank plays its
             share of ``collect``'s episodes and metrics are combined over ranks. Default: one process.
+        max_envs: Episodes in flight at most, whatever a call's ``num_envs`` (None: no cap; ``auto``:
+            ``CPU_MAX_ENVS`` when the HF policy generates on a CPU, else no cap). Each episode in
+            flight holds an open env and its KV cache (tens of MB on TextWorld); past the batch a
+            CPU's generation needs to run at full speed they cost memory and buy nothing.
 
     Raises:
         ValueError: an unknown engine.
     """
 
     def __init__(self, policy: Any, *, engine: str = "hf", vllm: dict | None = None, workers: bool | str = "local",
-                 step_timeout_s: float = 60.0, ctx: Any = None) -> None:
+                 step_timeout_s: float = 60.0, ctx: Any = None, max_envs: int | str | None = "auto") -> None:
         if engine not in ("hf", "vllm"):
             raise ValueError(f"engine must be hf or vllm (resolve auto first), got {engine!r}")
+        if max_envs == "auto":
+            on_cpu = getattr(getattr(policy, "device", None), "type", None) == "cpu"
+            max_envs = CPU_MAX_ENVS if engine == "hf" and on_cpu else None
+        if max_envs is not None and (not isinstance(max_envs, int) or max_envs < 1):
+            raise ValueError(f"max_envs must be >= 1, None or auto, got {max_envs!r}")
+        self.max_envs = max_envs
         self.policy, self.engine_name, self.vllm = policy, engine, dict(vllm or {})
         self.workers, self.step_timeout_s = workers, step_timeout_s
         self.ctx = ctx if ctx is not None else _SingleProcess()
@@ -151,6 +168,9 @@ class Collector:
         self._synced = self.engine.sync(self.policy.model, version=version)
         return self.engine.policy
 
+    def _in_flight(self, num_envs: int) -> int:
+        return min(num_envs, self.max_envs) if self.max_envs else num_envs
+
     # ----- playing --------------------------------------------------------------------------------
     def play(self, env: EnvTarget, specs: list[EpisodeSpec], sampling: SamplingParams | None = None, *,
              num_envs: int = 8, policy: Any = None, metadata: dict | None = None, progress: bool | str = False,
@@ -158,7 +178,7 @@ class Collector:
         """Play ``specs`` on ``env`` (``rollout``), with envs from the pool (``pooled``) or opened
         and closed here. ``policy``: who plays (default: ``generator()``)."""
         return rollout(policy if policy is not None else self.generator(), env.factory(), specs, sampling=sampling,
-                       num_envs=num_envs, workers=self.workers, step_timeout_s=self.step_timeout_s, progress=progress,
+                       num_envs=self._in_flight(num_envs), workers=self.workers, step_timeout_s=self.step_timeout_s, progress=progress,
                        metadata=metadata, pools=self.pools if pooled else None)
 
     def collect(self, env: EnvTarget, specs: list[EpisodeSpec], sampling: SamplingParams, *, num_envs: int,
@@ -211,7 +231,7 @@ class Collector:
         specs: Iterable[EpisodeSpec] = (s for it in itertools.count(iteration) for s in schedule.specs(n, it))
         sampling = dataclasses.replace(sampling, seed=None)  # one stream of samples across iterations
         self._stream = AsyncCollector(self.policy, env.factory(), specs, batch_size=n, max_staleness=max_staleness,
-                                      sampling=sampling, num_envs=num_envs, workers=self.workers,
+                                      sampling=sampling, num_envs=self._in_flight(num_envs), workers=self.workers,
                                       step_timeout_s=self.step_timeout_s, version=iteration).start()
 
     @property
@@ -250,7 +270,7 @@ class Collector:
         """Branches of the failed ``roots`` (``branching.branch_search``), played by ``generator(version)``
         (the policy, or the vLLM engine holding its weights: its own runner-up replies either way)."""
         return branch_search(self.generator(version), env.factory(), roots, stops=list(env.info.stop_strings), points=points,
-                             width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs,
+                             width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=self._in_flight(num_envs),
                              workers=self.workers, pools=self.pools, by=by, pick=pick, progress=progress)
 
     def tree_rollout(self, env: EnvTarget, specs: list[EpisodeSpec], *, roots: list[Trajectory] | None = None,
@@ -261,7 +281,7 @@ class Collector:
         (``from_wins``: from every root; ``branching.tree_rollout``; ``rank``/``pool``: which runner-ups
         are played; ``keep_no_ops``: the refused ones are kept as one-turn leaves), played by the policy itself."""
         return tree_rollout(self.policy, env.factory(), specs, stops=list(env.info.stop_strings), points=points,
-                            width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=num_envs,
+                            width=width, depth=depth, max_new_tokens=max_new_tokens, num_envs=self._in_flight(num_envs),
                             workers=self.workers, pools=self.pools, by=by, pick=pick, roots=roots,
                             from_wins=from_wins, rank=rank, pool=pool, keep_no_ops=keep_no_ops)
 

@@ -53,13 +53,16 @@ class EnvHandle(Protocol):
 
 
 def describe_env(env: gym.Env) -> dict[str, Any]:
-    """What a policy needs to know about an env once: its tool specs and tool format."""
+    """What a policy needs to know about an env once: its tool specs and tool format (and its
+    turn limit, for a progress bar's ETA)."""
     base = env.unwrapped
     tools = getattr(base, "tools", None)
     fmt = getattr(base, "format", None)
+    spec = getattr(env, "spec", None)
     return {
         "tools": list(tools.specs) if tools is not None else [],
         "tool_format": fmt.name if fmt is not None else "text",
+        "max_turns": getattr(spec, "max_episode_steps", None),
     }
 
 

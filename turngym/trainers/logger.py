@@ -9,9 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
-from turngym.clock import bars_on
+from turngym.clock import Progress, bar
 
 
 class MetricsLogger:
@@ -129,18 +127,17 @@ def plot_learning_curve(rows: list[dict], path: str | Path, keys: tuple[str, ...
 
 
 def progress_bar(desc: str, *, steps: int, budget_s: float = 0.0, done_steps: int = 0, done_s: float = 0.0,
-                 disable: bool = False) -> tqdm:
-    """A training bar over ``steps``, or over the seconds of ``budget_s`` when it is set: a time
-    budget usually ends a run long before its step cap (a 1000-iteration "no cap" showed a 31-hour
-    ETA). Move it with ``advance_bar(bar, trained_seconds)``."""
+                 disable: bool = False) -> Progress:
+    """A training stage's progress (``clock.bar``) over ``steps``, or over the seconds of ``budget_s``
+    when it is set: a time budget usually ends a run long before its step cap (a 1000-iteration
+    "no cap" showed a 31-hour ETA). Move it with ``advance_bar(bar, trained_seconds)``."""
     budgeted = budget_s > 0
-    disable = disable or not bars_on()
-    bar = tqdm(total=round(budget_s) if budgeted else steps, initial=min(round(budget_s), int(done_s)) if budgeted
-               else done_steps, unit="s" if budgeted else "it", desc=desc, disable=disable)
-    bar.budgeted = budgeted
-    return bar
+    shown = bar(round(budget_s) if budgeted else steps, desc, "s" if budgeted else "step", disable=disable,
+                initial=min(round(budget_s), int(done_s)) if budgeted else done_steps)
+    shown.budgeted = budgeted
+    return shown
 
 
-def advance_bar(bar: tqdm, trained_s: float) -> None:
+def advance_bar(bar: Progress, trained_s: float) -> None:
     """One step done: a budgeted bar moves to ``trained_s`` (capped at its total), a step bar by 1."""
     bar.update(min(bar.total, int(trained_s)) - bar.n if bar.budgeted else 1)
