@@ -58,6 +58,14 @@ def test_algo_lists_every_algorithm_the_code_has(capsys):
     assert err.count("\n") == 1 and "unknown algorithm 'ppo'" in err and "branch_bc" in err
 
 
+def test_show_config_prints_the_config_this_command_would_run(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("algo: archer\narcher: {iterations: 3}\n")
+    assert main(["train", "--config", str(config), "--set", "archer.critic_epochs=7", "--show-config"]) == 0
+    shown = capsys.readouterr().out
+    assert "algo = 'archer'" in shown and "  iterations = 3  #" in shown and "  critic_epochs = 7  #" in shown
+
+
 def test_train_env_sets_the_env_and_checks_it_before_training(capsys):
     # the toy env has 4 tasks: 999 held-out games fail at once, naming the knob and the fix
     argv = ["train", "--env", "tests/Guess-v0", "--set", "train_split=", "--set", "eval.split=",

@@ -375,3 +375,17 @@ def test_an_arm_acting_with_its_critic_is_reported_beside_its_actor(tmp_path, ti
     with pytest.raises(SystemExit, match="--arm rloo: acting.k=2: algo=rloo trains no utterance critic"):
         _protocol(["--config", str(cfg), "--arm", "sft", "--arm", "rloo:acting.k=2", "--seeds", "0",
                    "--games", "3", "--samples", "0", "--out", str(tmp_path / "bad"), "--quiet"])
+
+
+def test_an_arm_with_a_time_budget_is_named_before_it_trains(tmp_path, tiny_tokenizer, capsys):
+    # the pg section's defaults are the quickstart's (a 420 s budget): an arm that keeps it would stop
+    # at a time, not at the episode budget the other arms play
+    from turngym.cli import build_parser
+    from turngym.protocol import Protocol
+
+    cfg = _tiny_base(tmp_path, tiny_tokenizer, "rloo", "pg: {iterations: 2, episodes_per_iter: 2, group_size: 2}")
+    argv = ["protocol", "--config", str(cfg), "--seeds", "0", "--games", "3", "--out", str(tmp_path / "p")]
+    Protocol(build_parser().parse_args([*argv, "--arm", "rloo", "--arm", "grpo:pg.time_budget_s=0"]))
+    out = capsys.readouterr().out
+    assert "warning: arm rloo stops after 420 training seconds (pg.time_budget_s)" in out
+    assert "arm grpo" not in out

@@ -520,14 +520,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-dir", default=None, help="where checkpoints, metrics and plots go")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set archer.iterations=4 --set sft.epochs=1")
-    p.add_argument("--show-config", action="store_true", help="print every field with its help and exit")
+    p.add_argument("--show-config", action="store_true", help="print every field as this command would run it, with its help, and exit")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.show_config:
-        print(describe(TrainConfig))
-        return 0
     cfg = load_yaml(TrainConfig, args.config) if args.config else TrainConfig()
     overrides = list(args.set)
     if args.algo:
@@ -537,6 +534,9 @@ def main(args: argparse.Namespace) -> int:
     if args.output_dir:
         overrides.append(f"output_dir={args.output_dir}")
     cfg = apply_overrides(cfg, overrides)
+    if args.show_config:  # as it would run: --config, then --set, --algo, --env and --output-dir
+        print(describe(cfg))
+        return 0
     ctx = DistContext.from_env()  # under torchrun / accelerate launch: joins the job's process group
     try:
         summary = run(cfg, progress=not args.quiet, ctx=ctx)
