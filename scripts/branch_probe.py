@@ -21,7 +21,6 @@ import json
 import time
 
 import gymnasium as gym
-import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.rollout import EnvPools, EnvTarget, EpisodeSpec, env_info, rollout

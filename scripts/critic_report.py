@@ -16,7 +16,6 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
 
 from turngym.config import from_dict
 from turngym.train import TrainConfig, load_policy, train_env_kwargs

@@ -20,7 +20,6 @@ import json
 import math
 
 
-import torch
 
 from turngym.agents import make_agent
 from turngym.agents.base import SamplingParams

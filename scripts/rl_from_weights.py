@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 import time
 
-import torch
 
 from turngym.agents.base import SamplingParams
 from turngym.bench.evaluate import evaluate

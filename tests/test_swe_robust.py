@@ -5,7 +5,6 @@ agent's code prints. Local always; Docker and bwrap skip with the reason when th
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -79,9 +78,8 @@ def test_a_repo_of_too_many_files_is_one_clear_observation(backend, monkeypatch)
         obs, _, _, truncated, info = env.step(call(env, "bash", command="mkdir many && cd many && seq 1 3000 | xargs touch"))
         assert not truncated and "more than 2,000 files" in obs[-1].content, obs
         assert info["file_modified"] and info["modified"]
-        t0 = time.monotonic()
         obs, _, _, truncated, info = env.step(call(env, "bash", command="ls | head -3"))
-        assert time.monotonic() - t0 < 10 and not truncated and "more than 2,000 files" in obs[-1].content
+        assert not truncated and "more than 2,000 files" in obs[-1].content
         obs, _, _, _, info = env.step(call(env, "bash", command="rm -rf many"))
         assert not info["modified"] and "files" not in obs[-1].content  # the digest is back to the original
     finally:
@@ -120,7 +118,7 @@ def test_the_visible_test_signal_comes_from_the_grader(backend):
         assert 0.0 <= honest < 1.0  # the bug fails the statement's example, which the agent was shown
         forged_atexit = _signal(env, bash=[f"cat >> {code} <<'EOF'\n{ATEXIT}\nEOF"])
         forged_hook = _signal(env, bash=[f"cat > conftest.py <<'EOF'\n{CONFTEST}\nEOF",
-                                         f"mkdir -p tests && cp conftest.py tests/conftest.py"])
+                                         "mkdir -p tests && cp conftest.py tests/conftest.py"])
         assert forged_atexit == forged_hook == honest, (honest, forged_atexit, forged_hook)
         env.reset(seed=0, options={"task_id": TASK})
         for e in task.gold_edits:
