@@ -389,3 +389,18 @@ def test_an_arm_with_a_time_budget_is_named_before_it_trains(tmp_path, tiny_toke
     out = capsys.readouterr().out
     assert "warning: arm rloo stops after 420 training seconds (pg.time_budget_s)" in out
     assert "arm grpo" not in out
+
+
+def test_the_protocols_evaluations_cap_replies_as_the_run_fitted_them(tmp_path):
+    from turngym.config import apply_overrides
+    from turngym.protocol import _with_fitted_caps
+    from turngym.train import TrainConfig
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    left = TrainConfig()  # eval.max_new_tokens 0: the run fits it to the env
+    assert _with_fitted_caps(left, run_dir).eval.max_new_tokens == 0  # no run yet: nothing to read
+    (run_dir / "config.json").write_text(json.dumps({"eval": {"max_new_tokens": 18}}))
+    assert _with_fitted_caps(left, run_dir).eval.max_new_tokens == 18
+    given = apply_overrides(left, ["eval.max_new_tokens=5"])
+    assert _with_fitted_caps(given, run_dir).eval.max_new_tokens == 5  # a cap set by hand stays

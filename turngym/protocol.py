@@ -92,6 +92,16 @@ def _given_budget(arm: Arm) -> float | None:
     return seconds
 
 
+def _with_fitted_caps(cfg: TrainConfig, run_dir: Path) -> TrainConfig:
+    """``cfg`` with the eval reply cap that the run in ``run_dir`` fitted to the env when it was left at 0
+    (``turngym.train.fit_reply_caps``; the run's ``config.json`` holds it), so that the protocol's own
+    evaluations cap replies as the run's do."""
+    fitted = _read_json(run_dir / "config.json", {}).get("eval", {}).get("max_new_tokens")
+    if fitted and not cfg.eval.max_new_tokens:
+        return apply_overrides(cfg, [f"eval.max_new_tokens={fitted}"])
+    return cfg
+
+
 def _point(rec: dict, iteration: int, env_steps: int | None, train_seconds: float, env_episodes: int | None = None) -> dict:
     """A learning-curve point: where it was taken (iteration, env steps and episodes, training
     seconds) and its held-out record."""
@@ -190,13 +200,14 @@ class Protocol:
         first = []
 
         def on_iteration(trainer, metrics) -> None:
+            cfg_run = _with_fitted_caps(cfg, out)  # the run wrote its config, caps fitted, before training
             curve = _read_json(curve_path, {})
             if not first:  # the first iteration of this process: points from here on are replayed
                 first.append(trainer.iteration)
                 curve = {k: v for k, v in curve.items() if int(k) < trainer.iteration}
             if trainer.iteration % every == 0 and not trainer.done():
                 label = f"seed {seed} {arm.name} it {trainer.iteration} ({trainer.train_seconds:.0f}s)"
-                rec = self.evaluate(trainer.policy, cfg, label)
+                rec = self.evaluate(trainer.policy, cfg_run, label)
                 curve[str(trainer.iteration)] = _point(rec, trainer.iteration, trainer.env_steps, trainer.train_seconds,
                                                        trainer.env_episodes)
             _write_json(curve_path, curve)
@@ -215,9 +226,7 @@ class Protocol:
             return
         self.start_from_sft(sft_dir, out)
         stages = _read_json(out / "stages.json")
-        fitted = _read_json(sft_dir / "config.json", {}).get("eval", {}).get("max_new_tokens")  # as the SFT run fitted it
-        if fitted and not cfg.eval.max_new_tokens:
-            cfg = apply_overrides(cfg, [f"eval.max_new_tokens={fitted}"])
+        cfg = _with_fitted_caps(cfg, sft_dir)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
