@@ -20,7 +20,7 @@ import time
 from turngym.agents import SamplingParams, make_agent
 from turngym.bench.evaluate import evaluate
 from turngym.clock import CLOCK, breakdown_table
-from turngym.envs.alfworld.report import episode_costs, format_table, success_by_type
+from turngym.bench.alfworld_report import episode_costs, format_table, success_by_type
 from turngym.types import Trajectory
 
 

@@ -9,7 +9,7 @@ import pytest
 import turngym
 from turngym.agents.scripted import OracleAgent, RandomAgent
 from turngym.envs.alfworld.games import TASK_TYPES, list_games, task_type_of
-from turngym.envs.alfworld.report import format_table, success_by_type
+from turngym.bench.alfworld_report import format_table, success_by_type
 from turngym.rollout import episode_specs, make_env_factory, rollout
 from turngym.types import Trajectory
 

@@ -31,6 +31,7 @@ import json
 import os
 import shlex
 import shutil
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -137,7 +138,7 @@ class Protocol:
             if arm.is_rl and getattr(arm_rl, "time_budget_s", 0):  # e.g. the pg section's quickstart default
                 print(f"[protocol] warning: arm {arm.name} stops after {arm_rl.time_budget_s:g} training seconds "
                       f"({section}.time_budget_s), whatever its iterations: its episode budget is not the "
-                      f"other arms'. Set {section}.time_budget_s=0 to train every iteration.", flush=True)
+                      f"other arms'. Set {section}.time_budget_s=0 to train every iteration.", file=sys.stderr, flush=True)
         rl = rl_section(self.base)[1]
         # the training temperature of the online trainers; branch BC plays greedily, so the default 1.0
         trained_at = getattr(rl, "temperature", 1.0)
