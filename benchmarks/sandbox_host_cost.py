@@ -1,6 +1,6 @@
 """What hostile sandbox output costs the host: memory and step time, one case per process.
 
-    python benchmarks/sandbox_host_cost.py forged-wire --mib 1024          # no engine needed
+    python benchmarks/sandbox_host_cost.py forged-wire --mib 1024          # no engine needed (--early: before the request)
     python benchmarks/sandbox_host_cost.py forged-race --backend docker --mib 1024
     python benchmarks/sandbox_host_cost.py files --backend bwrap --files 1000000
     python benchmarks/sandbox_host_cost.py files --backend bwrap-without-cgroup --files 1000000
@@ -54,7 +54,7 @@ def answer(mib: int) -> tuple[bytes, int]:
     return json.dumps(head).encode() + b"\n", n
 
 
-def forged_wire(mib: int) -> dict:
+def forged_wire(mib: int, early: bool = False) -> dict:
     from turngym.tools.sandbox import SandboxConfig
     from turngym.tools.sandbox.docker_backend import DockerBackend
     from turngym.tools.sandbox.docker_stream import Server
@@ -69,6 +69,8 @@ def forged_wire(mib: int) -> dict:
     def write():
         frame = b"A" * 2**20
         try:
+            if not early:
+                far.recv(1)  # answer after the request, as a supervisor does: the length check is what refuses it
             far.sendall(struct.pack(">BxxxI", 1, len(head)) + head)
             for _ in range(n // len(frame)):
                 far.sendall(struct.pack(">BxxxI", 1, len(frame)) + frame)
@@ -174,6 +176,7 @@ def main() -> None:
     p.add_argument("case", choices=["forged-wire", "forged-race", "files"])
     p.add_argument("--backend", default="docker", choices=["docker", "bwrap", "bwrap-without-cgroup"])
     p.add_argument("--mib", type=int, default=1024, help="size of the forged stdout")
+    p.add_argument("--early", action="store_true", help="forged-wire: the bytes arrive before the request")
     p.add_argument("--files", type=int, default=1_000_000, help="empty files the episode makes")
     a = p.parse_args()
     warnings.simplefilter("ignore")
@@ -181,7 +184,7 @@ def main() -> None:
 
     rss0 = status_mb("VmRSS")
     if a.case == "forged-wire":
-        out = forged_wire(a.mib)
+        out = forged_wire(a.mib, a.early)
     elif a.case == "forged-race":
         out = forged_race(a.backend, a.mib)
     else:
