@@ -347,3 +347,16 @@ def test_hotpot_text_with_a_lone_surrogate_never_raises(tmp_path):
         obs[0].content.encode("utf-8")  # observations are valid UTF-8
         assert isinstance(info["state_key"], str)
     assert terminated and reward == 1.0
+
+
+def test_the_large_v1_suite_holds_out_people_no_training_question_reads():
+    from turngym.envs.search.env import task_split
+
+    suite = synthetic_suite(0, n_people=320, n_companies=192)  # turngym/Search-synthetic-large-v1's corpus
+    split = {t.task_id: task_split(t, "entity") for t in suite.tasks}
+    train = [t for t in suite.tasks if split[t.task_id] == "train"]
+    test = [t for t in suite.tasks if split[t.task_id] == "test"]
+    assert (len(train), len(test)) == (520, 130)
+    assert not {t.entity for t in train} & {t.entity for t in test}  # a held-out question is about a new person
+    # no training question reads a held-out person's page: the fact each held-out question turns on is new
+    assert not {t.entity for t in test} & {title for t in train for title in t.gold_titles}

@@ -83,8 +83,8 @@ class SearchEnv(TextEnv):
             n_people: People in the synthetic encyclopedia (more people and companies: more questions).
             n_companies: Companies in the synthetic encyclopedia.
             split_by: ``question`` (a hash of the question id) or ``entity`` (of the person the
-                question is about, a quarter of them held out: no test question's pages answer a
-                training question, so a held-out score measures search, not recall).
+                question is about, a quarter of them held out: no training question reads a held-out
+                person's page, so a held-out score measures search, not recall).
         """
         super().__init__(**kw)
         if split not in ("train", "test", "all"):
