@@ -289,3 +289,14 @@ def test_best_of_n_imitates_the_reply_the_critic_rates_highest(policy, tmp_path,
     assert row["best_of_n/states"] >= trainer.cfg.actor_states and row["actor/rows"] == row["best_of_n/imitated"]
     assert "adv/mean" not in row  # the paper's policy gradient did not run
     assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+
+
+def test_a_trainable_encoder_is_cross_fitted_and_opens_the_gate(tiny_tokenizer, tmp_path):
+    # with a top:K encoder the cross-fit copies the encoder with the heads, so the gate reads the critic
+    # the actor uses (it once read 0.0 and kept a trainable critic from ever moving the actor)
+    trainer = _trainer(tiny_tokenizer, tmp_path, [_tree(), {"name": "sibling_auc", "holdout": 0.25, "gate": 0.01},
+                                                  {"name": "awr", "min_shift": 0.0, "margin": 0.0, "groups": 8}],
+                       critic_encoder="top:1", critic_window=8)
+    row = trainer.step()
+    assert row["critic/sibling_pairs_xfit"] > 0 and 0.0 <= row["critic/sibling_auc_xfit"] <= 1.0
+    assert row["critic/gate_open"] == float(row["critic/sibling_auc_xfit"] >= 0.01)
