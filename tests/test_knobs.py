@@ -159,3 +159,16 @@ def _yaml(value) -> str:
     import yaml
 
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def test_a_taken_stage_or_section_name_is_refused_and_the_same_one_is_a_no_op():
+    from turngym.trainers.stages import Section, Stage, register_section, register_stage, sections, stages
+
+    sft = next(s for s in stages() if s.name == "sft")
+    assert register_stage(sft) is sft  # a module imported twice
+    with pytest.raises(ValueError, match="pipeline stage 'sft' is already registered"):
+        register_stage(Stage("sft", 1.0, lambda p: None))
+    pg = next(s for s in sections() if s.name == "pg")
+    assert register_section(pg) is pg
+    with pytest.raises(ValueError, match="config section 'pg' is already registered"):
+        register_section(Section("pg", dict, dict, "another pg"))

@@ -131,10 +131,10 @@ class Protocol:
                              "or give its seconds (sft_continued:sft.time_budget_s=SECONDS)")
         for arm in self.arms:  # every arm's config is checked before the first one trains
             try:
-                self.config(arm, args.seeds[0])
+                arm_cfg = self.config(arm, args.seeds[0])
             except ValueError as e:
                 raise SystemExit(f"--arm {arm.name}: {e}") from e
-            section, arm_rl = rl_section(self.config(arm, args.seeds[0]))
+            section, arm_rl = rl_section(arm_cfg)
             if arm.is_rl and getattr(arm_rl, "time_budget_s", 0):  # e.g. the pg section's quickstart default
                 print(f"[protocol] warning: arm {arm.name} stops after {arm_rl.time_budget_s:g} training seconds "
                       f"({section}.time_budget_s), whatever its iterations: its episode budget is not the "

@@ -71,16 +71,22 @@ _SECTIONS: dict[str, Section] = {}
 _STAGES: dict[str, Stage] = {}
 
 
+def _register(table: dict, item: Any, same: Callable[[Any, Any], bool], kind: str) -> Any:
+    """Add ``item`` to ``table`` under its name; registering the same one again (a module imported twice)
+    is a no-op, another one under a taken name an error."""
+    if item.name in table and not same(table[item.name], item):
+        raise ValueError(f"{kind} {item.name!r} is already registered")
+    table[item.name] = item
+    return item
+
+
 def register_section(section: Section) -> Section:
     """Add a config section (a module registers its own when imported).
 
     Raises:
         ValueError: another section has its name.
     """
-    if section.name in _SECTIONS and _SECTIONS[section.name].config is not section.config:
-        raise ValueError(f"config section {section.name!r} is already registered")
-    _SECTIONS[section.name] = section
-    return section
+    return _register(_SECTIONS, section, lambda old, new: old.config is new.config, "config section")
 
 
 def register_stage(stage: Stage) -> Stage:
@@ -89,10 +95,7 @@ def register_stage(stage: Stage) -> Stage:
     Raises:
         ValueError: another stage has its name.
     """
-    if stage.name in _STAGES and _STAGES[stage.name].run is not stage.run:
-        raise ValueError(f"pipeline stage {stage.name!r} is already registered")
-    _STAGES[stage.name] = stage
-    return stage
+    return _register(_STAGES, stage, lambda old, new: old.run is new.run, "pipeline stage")
 
 
 def sections() -> list[Section]:
